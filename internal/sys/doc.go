@@ -1,0 +1,9 @@
+// Package sys is the project's only door to golang.org/x/sys/unix: a thin shim
+// over the system calls the transport needs (memfd, seals, mmap, futex,
+// SCM_RIGHTS, mlock, madvise, process_vm_readv/writev, pidfd, rlimits).
+//
+// Every function is a direct system call with its errno returned unwrapped as
+// a syscall.Errno (which satisfies errors.Is against the syscall constants),
+// so callers can wrap it with context. Functions are safe for concurrent use;
+// they keep no state.
+package sys

@@ -1,0 +1,40 @@
+// Package shm is sandirect's fabric: shared-memory segments passed between
+// processes as sealed memfds, single-producer single-consumer rings of
+// variable-length records inside them, and doorbells that spin and then
+// sleep on a futex word in the segment.
+//
+// # Segments
+//
+// A Segment is a memfd sealed against shrinking and growing before any peer
+// sees it, mapped MAP_SHARED and pre-faulted. It travels to a peer as an fd
+// over a Unix socket (SCM_RIGHTS). The receiver checks the seals, the size
+// and the header before it trusts the mapping: an unsealed fd could be
+// truncated under us and kill the process with SIGBUS.
+//
+// # Rings
+//
+// A ring is laid out as docs/layout.md and layout.go describe. One process
+// owns the Producer side and one the Consumer side; each side is used by one
+// goroutine at a time (neither is safe for concurrent use by several
+// goroutines; Close and Fail are the exceptions and may be called from any
+// goroutine). The record header word is the commit: the producer writes the
+// payload, zeroes the header of the slot after the record, then stores the
+// header with one atomic store. The consumer needs no other signal.
+//
+// # Trust
+//
+// Everything in a segment may be written by another process at any time.
+// Both sides keep private copies of geometry and positions, load each shared
+// word once, validate it, and only then use it. A bad value fails the side
+// with an error matching ErrCorrupt, permanently; it never panics and never
+// reads or writes outside the mapping.
+//
+// # Waiting
+//
+// A side that must wait spins for WaitConfig.Spin, then announces that it
+// sleeps (a futex word in the segment), re-checks, and sleeps with
+// FUTEX_WAIT (shared, not private). The other side issues FUTEX_WAKE only
+// when it sees the announcement. Both the announcement and the check are
+// sequentially consistent atomics, so no wake-up is lost. Busy-poll and
+// block-only are modes of the same mechanism.
+package shm

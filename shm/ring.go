@@ -1,0 +1,534 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// InitRing lays out a fresh ring with a data area of capacity bytes in
+// region, which must be 128-byte aligned and at least RingSize(capacity)
+// long. Only the ring's creator calls it, before any peer attaches.
+func InitRing(region []byte, capacity int) error {
+	if capacity < MinRingCapacity || capacity > MaxRingCapacity || capacity&(capacity-1) != 0 {
+		return fmt.Errorf("shm: ring capacity %d is not a power of two in [%d, %d]", capacity, MinRingCapacity, MaxRingCapacity)
+	}
+	if len(region) < RingSize(capacity) {
+		return fmt.Errorf("shm: ring region of %d bytes, need %d", len(region), RingSize(capacity))
+	}
+	if uintptr(unsafe.Pointer(unsafe.SliceData(region)))%lineSize != 0 {
+		return fmt.Errorf("shm: ring region not %d-byte aligned", lineSize)
+	}
+	clear(region[:RingSize(capacity)])
+	store32(word32(region, ringMagicOff), ringMagic)
+	store32(word32(region, ringVersionOff), ringVersion)
+	store64(word64(region, ringCapacityOff), uint64(capacity))
+	return nil
+}
+
+// ring is what both sides share: the validated geometry, private copies of
+// everything, and pointers to the shared words.
+type ring struct {
+	data     unsafe.Pointer // start of the data area
+	dataMem  []byte         // the data area, for slicing payloads
+	capacity uint64
+	mask     uint64
+	maxPay   int
+
+	tail    *uint64 // producer line
+	head    *uint64 // consumer line
+	pClosed *uint32 // control line
+	cClosed *uint32 // control line
+	cBell   *uint32 // consumer doorbell
+	pBell   *uint32 // producer doorbell
+
+	wait WaitConfig
+	err  atomic.Pointer[error] // set once: the side failed or closed
+}
+
+func (r *ring) attach(region []byte, cfg WaitConfig) error {
+	cfg = cfg.orDefault()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if len(region) < RingHeaderSize+MinRingCapacity {
+		return fmt.Errorf("%w: ring region of %d bytes is too small", ErrCorrupt, len(region))
+	}
+	if uintptr(unsafe.Pointer(unsafe.SliceData(region)))%lineSize != 0 {
+		return fmt.Errorf("shm: ring region not %d-byte aligned", lineSize)
+	}
+	magic := load32(word32(region, ringMagicOff))
+	version := load32(word32(region, ringVersionOff))
+	capacity := load64(word64(region, ringCapacityOff))
+	switch {
+	case magic != ringMagic:
+		return fmt.Errorf("%w: ring magic %#x", ErrCorrupt, magic)
+	case version != ringVersion:
+		return fmt.Errorf("%w: ring version %d, want %d", ErrCorrupt, version, ringVersion)
+	case capacity < MinRingCapacity || capacity > MaxRingCapacity || capacity&(capacity-1) != 0:
+		return fmt.Errorf("%w: ring capacity %d", ErrCorrupt, capacity)
+	case uint64(len(region)-RingHeaderSize) < capacity:
+		return fmt.Errorf("%w: ring capacity %d exceeds its region of %d bytes", ErrCorrupt, capacity, len(region))
+	}
+	r.dataMem = region[RingHeaderSize : RingHeaderSize+int(capacity) : RingHeaderSize+int(capacity)]
+	r.data = unsafe.Pointer(unsafe.SliceData(r.dataMem))
+	r.capacity = capacity
+	r.mask = capacity - 1
+	r.maxPay = maxPayload(int(capacity))
+	r.tail = word64(region, ringTailOff)
+	r.head = word64(region, ringHeadOff)
+	r.pClosed = word32(region, ringPClosedOff)
+	r.cClosed = word32(region, ringCClosedOff)
+	r.cBell = word32(region, ringConsumerBell)
+	r.pBell = word32(region, ringProducerBell)
+	r.wait = cfg
+	return nil
+}
+
+// MaxPayload is the largest record payload the ring accepts.
+func (r *ring) MaxPayload() int { return r.maxPay }
+
+// Capacity is the size of the ring's data area.
+func (r *ring) Capacity() int { return int(r.capacity) }
+
+func (r *ring) failed() error {
+	if p := r.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// setErr records err as the side's permanent state (the first one wins) and
+// wakes this process's waiter on either doorbell so it sees it.
+func (r *ring) setErr(err error) error {
+	if !r.err.CompareAndSwap(nil, &err) {
+		return r.failed()
+	}
+	// Publish the failure (above), then withdraw any announcement so a
+	// waiter's FUTEX_WAIT either returns EAGAIN or is woken here.
+	for _, bell := range []*uint32{r.cBell, r.pBell} {
+		if swap32(bell, 0) != 0 {
+			sys.FutexWake(bell, 1<<30)
+		}
+	}
+	return err
+}
+
+// Fail makes every later call on this side return err, and wakes a call of
+// this side that is waiting. Upper layers call it when they learn that the
+// peer died. It may be called from any goroutine.
+func (r *ring) Fail(err error) {
+	if err == nil {
+		err = ErrClosed
+	}
+	r.setErr(err)
+}
+
+// wake wakes the peer sleeping on bell if it announced that it sleeps.
+func wake(bell *uint32, wakes *uint64) {
+	// Load first: the common case is no sleeper, and a plain load keeps the
+	// doorbell line shared instead of pulling it over exclusively.
+	if load32(bell) != 0 && swap32(bell, 0) != 0 {
+		sys.FutexWake(bell, 1)
+		*wakes++
+	}
+}
+
+// sleep sleeps on bell while it reads 1, at most until deadline. It returns
+// os.ErrDeadlineExceeded when the deadline has passed.
+func sleep(bell *uint32, deadline time.Time) error {
+	timeout := int64(-1)
+	if !deadline.IsZero() {
+		timeout = int64(time.Until(deadline))
+		if timeout <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+	}
+	err := sys.FutexWait(bell, 1, timeout)
+	if err != nil && !errors.Is(err, sys.EAGAIN) && !errors.Is(err, sys.EINTR) && !errors.Is(err, sys.ETIMEDOUT) {
+		return fmt.Errorf("shm: futex wait: %w", err)
+	}
+	return nil
+}
+
+// Producer is the writing side of a ring. It is not safe for concurrent use:
+// one goroutine writes at a time. Fail, Close and Stats' caller rules are as
+// documented on them.
+type Producer struct {
+	ring
+	tailPos   uint64 // next record position (private)
+	headCache uint64 // consumer's head as last loaded and validated
+	resvSize  uint64 // record bytes reserved by Reserve, 0 if none
+	resvPay   int    // payload bytes reserved
+	stats     WaitStats
+}
+
+// NewProducer attaches to the ring in region as its producer.
+func NewProducer(region []byte, cfg WaitConfig) (*Producer, error) {
+	p := &Producer{}
+	if err := p.attach(region, cfg); err != nil {
+		return nil, err
+	}
+	head, tail := load64(p.head), load64(p.tail)
+	if head > tail || tail-head > p.capacity || tail%recAlign != 0 {
+		return nil, fmt.Errorf("%w: ring positions head %d tail %d", ErrCorrupt, head, tail)
+	}
+	p.tailPos, p.headCache = tail, head
+	return p, nil
+}
+
+// Stats returns the producer's wait counters. Call it from the goroutine
+// that writes, or after writing has stopped.
+func (p *Producer) Stats() WaitStats { return p.stats }
+
+// Reserve returns a slice of n bytes inside the ring for the next record,
+// waiting for space as configured, at most until deadline (zero: no
+// deadline). Fill it, then Commit. The slice is shared memory: the consumer
+// can read it once committed.
+func (p *Producer) Reserve(n int, deadline time.Time) ([]byte, error) {
+	if err := p.failed(); err != nil {
+		return nil, err
+	}
+	if n < 0 || n > p.maxPay {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, n, p.maxPay)
+	}
+	if p.resvSize != 0 {
+		return nil, errors.New("shm: Reserve while a reservation is pending")
+	}
+	if load32(p.cClosed) != 0 {
+		return nil, p.setErr(ErrClosed)
+	}
+	size := uint64(recordSize(n))
+	off := p.tailPos & p.mask
+	need := size + recHeaderSize // the record and the zeroed slot after it
+	pad := uint64(0)
+	if off+size > p.capacity {
+		pad = p.capacity - off
+		need += pad
+	}
+	if p.capacity-(p.tailPos-p.headCache) < need {
+		if err := p.waitSpace(need, deadline); err != nil {
+			return nil, err
+		}
+	}
+	if pad != 0 {
+		// The slot after the padding is the start of the area: zero it,
+		// then commit the padding record.
+		*at(p.data, 0) = 0
+		store64(at(p.data, off), hdrCommitted|hdrPadding|(pad-recHeaderSize))
+		p.tailPos += pad
+		off = 0
+	}
+	p.resvSize, p.resvPay = size, n
+	start := int(off) + recHeaderSize
+	return p.dataMem[start : start+n : start+n], nil
+}
+
+// Commit publishes the reserved record with its first n bytes (n at most
+// what was reserved) and the given tag, and wakes the consumer if it sleeps.
+func (p *Producer) Commit(tag uint16, n int) error {
+	if p.resvSize == 0 {
+		return errors.New("shm: Commit without Reserve")
+	}
+	if n < 0 || n > p.resvPay {
+		return fmt.Errorf("shm: Commit of %d bytes, %d reserved", n, p.resvPay)
+	}
+	size := uint64(recordSize(n))
+	// The slot after the record lies in reserved space: zero it first, so
+	// the consumer finds "nothing yet" there once it has read this record.
+	*at(p.data, (p.tailPos+size)&p.mask) = 0
+	// Publishes the record: header last, sequentially consistent.
+	store64(at(p.data, p.tailPos&p.mask), hdrCommitted|uint64(tag)<<hdrTagShift|uint64(n))
+	p.tailPos += size
+	p.resvSize = 0
+	// For observers (statistics) only; no side reads it to make progress.
+	*p.tail = p.tailPos
+	wake(p.cBell, &p.stats.Wakes)
+	return nil
+}
+
+// Write copies b into the ring as one record with the given tag.
+func (p *Producer) Write(tag uint16, b []byte, deadline time.Time) error {
+	buf, err := p.Reserve(len(b), deadline)
+	if err != nil {
+		return err
+	}
+	copy(buf, b)
+	return p.Commit(tag, len(b))
+}
+
+// refreshHead loads the consumer's head once and validates it: it only
+// grows and never passes the tail.
+func (p *Producer) refreshHead() error {
+	h := load64(p.head)
+	if h < p.headCache || h > p.tailPos {
+		return p.setErr(fmt.Errorf("%w: consumer head %d outside [%d, %d]", ErrCorrupt, h, p.headCache, p.tailPos))
+	}
+	p.headCache = h
+	return nil
+}
+
+func (p *Producer) hasSpace(need uint64) bool {
+	return p.capacity-(p.tailPos-p.headCache) >= need
+}
+
+// check is the slow-path test of everything that ends a wait for space.
+func (p *Producer) check(need uint64) (bool, error) {
+	if err := p.failed(); err != nil {
+		return false, err
+	}
+	if err := p.refreshHead(); err != nil {
+		return false, err
+	}
+	if p.hasSpace(need) {
+		return true, nil
+	}
+	if load32(p.cClosed) != 0 {
+		return false, p.setErr(ErrClosed)
+	}
+	return false, nil
+}
+
+func (p *Producer) waitSpace(need uint64, deadline time.Time) error {
+	if ok, err := p.check(need); ok || err != nil {
+		if ok {
+			p.stats.Ready++
+		}
+		return err
+	}
+	if p.wait.Mode != WaitBlock {
+		var spinEnd time.Time
+		if p.wait.Mode == WaitAdaptive {
+			spinEnd = time.Now().Add(p.wait.Spin)
+		}
+		for i := 1; ; i++ {
+			if load64(p.head) != p.headCache {
+				if ok, err := p.check(need); ok || err != nil {
+					if ok {
+						p.stats.Spun++
+					}
+					return err
+				}
+			}
+			if i%spinCheckEvery == 0 {
+				if ok, err := p.check(need); ok || err != nil {
+					if ok {
+						p.stats.Spun++
+					}
+					return err
+				}
+				now := time.Now()
+				if !deadline.IsZero() && now.After(deadline) {
+					return os.ErrDeadlineExceeded
+				}
+				if p.wait.Mode == WaitAdaptive && now.After(spinEnd) {
+					break
+				}
+				if i%(spinCheckEvery*256) == 0 {
+					runtime.Gosched()
+				}
+			}
+		}
+	}
+	p.stats.Slept++
+	for {
+		// Announce, then re-check: the consumer stores head, then loads the
+		// doorbell, so one of us sees the other.
+		store32(p.pBell, 1)
+		ok, err := p.check(need)
+		if ok || err != nil {
+			store32(p.pBell, 0)
+			return err
+		}
+		if err := sleep(p.pBell, deadline); err != nil {
+			store32(p.pBell, 0)
+			return err
+		}
+	}
+}
+
+// Close tells the consumer that no more records come, wakes it, and makes
+// later calls on this side return ErrClosed. Records already committed stay
+// readable. It may be called from any goroutine.
+func (p *Producer) Close() error {
+	store32(p.pClosed, 1) // publishes: no record follows the last commit
+	var wakes uint64
+	wake(p.cBell, &wakes)
+	p.setErr(ErrClosed)
+	return nil
+}
+
+// Record is one record read from a ring. Data aliases shared memory that
+// the producer wrote: it is valid until the consumer's next Release, and
+// its contents are untrusted (copy before validating what must not change).
+type Record struct {
+	Tag  uint16
+	Data []byte
+}
+
+// Consumer is the reading side of a ring. It is not safe for concurrent
+// use: one goroutine reads at a time. Fail and Close may be called from any
+// goroutine.
+type Consumer struct {
+	ring
+	headPos  uint64 // next record position (private)
+	released uint64 // head as last published
+	stats    WaitStats
+}
+
+// NewConsumer attaches to the ring in region as its consumer.
+func NewConsumer(region []byte, cfg WaitConfig) (*Consumer, error) {
+	c := &Consumer{}
+	if err := c.attach(region, cfg); err != nil {
+		return nil, err
+	}
+	head := load64(c.head)
+	if head%recAlign != 0 {
+		return nil, fmt.Errorf("%w: ring head %d", ErrCorrupt, head)
+	}
+	c.headPos, c.released = head, head
+	return c, nil
+}
+
+// Stats returns the consumer's wait counters. Call it from the goroutine
+// that reads, or after reading has stopped.
+func (c *Consumer) Stats() WaitStats { return c.stats }
+
+func (c *Consumer) corrupt(format string, args ...any) error {
+	return c.setErr(fmt.Errorf("%w: "+format, append([]any{ErrCorrupt}, args...)...))
+}
+
+// Poll returns the next record if one is committed, without waiting. It
+// returns ok == false when the ring is empty, and ErrClosed once the
+// producer has closed and every record has been read.
+func (c *Consumer) Poll() (rec Record, ok bool, err error) {
+	if err := c.failed(); err != nil {
+		return Record{}, false, err
+	}
+	for {
+		off := c.headPos & c.mask
+		h := load64(at(c.data, off)) // observes the producer's commit
+		if h == 0 {
+			if load32(c.pClosed) == 0 {
+				return Record{}, false, nil
+			}
+			// Closed is stored after the last commit: look once more.
+			if load64(at(c.data, off)) == 0 {
+				return Record{}, false, c.setErr(ErrClosed)
+			}
+			continue
+		}
+		if h&hdrCommitted == 0 || h&hdrReserved != 0 {
+			return Record{}, false, c.corrupt("record header %#x at %d", h, c.headPos)
+		}
+		n := h & hdrLenMask
+		var size uint64
+		if h&hdrPadding != 0 {
+			if off+recHeaderSize+n != c.capacity {
+				return Record{}, false, c.corrupt("padding of %d bytes at offset %d", n, off)
+			}
+			size = c.capacity - off
+		} else {
+			if n > uint64(c.maxPay) || off+recHeaderSize+n > c.capacity {
+				return Record{}, false, c.corrupt("record of %d bytes at offset %d", n, off)
+			}
+			size = uint64(recordSize(int(n)))
+		}
+		// The producer keeps an 8-byte gap: no record reaches into what we
+		// have not released.
+		if c.headPos+size-c.released > c.capacity-recHeaderSize {
+			return Record{}, false, c.corrupt("record at %d overruns unreleased space from %d", c.headPos, c.released)
+		}
+		c.headPos += size
+		if h&hdrPadding != 0 {
+			continue
+		}
+		start := off + recHeaderSize
+		return Record{Tag: uint16(h >> hdrTagShift), Data: c.dataMem[start : start+n : start+n]}, true, nil
+	}
+}
+
+// Next returns the next record, waiting as configured, at most until
+// deadline (zero: no deadline; then os.ErrDeadlineExceeded).
+func (c *Consumer) Next(deadline time.Time) (Record, error) {
+	rec, ok, err := c.Poll()
+	if ok || err != nil {
+		if ok {
+			c.stats.Ready++
+		}
+		return rec, err
+	}
+	if c.wait.Mode != WaitBlock {
+		var spinEnd time.Time
+		if c.wait.Mode == WaitAdaptive {
+			spinEnd = time.Now().Add(c.wait.Spin)
+		}
+		for i := 1; ; i++ {
+			if load64(at(c.data, c.headPos&c.mask)) != 0 || i%spinCheckEvery == 0 {
+				rec, ok, err := c.Poll()
+				if ok || err != nil {
+					if ok {
+						c.stats.Spun++
+					}
+					return rec, err
+				}
+			}
+			if i%spinCheckEvery == 0 {
+				now := time.Now()
+				if !deadline.IsZero() && now.After(deadline) {
+					return Record{}, os.ErrDeadlineExceeded
+				}
+				if c.wait.Mode == WaitAdaptive && now.After(spinEnd) {
+					break
+				}
+				if i%(spinCheckEvery*256) == 0 {
+					runtime.Gosched()
+				}
+			}
+		}
+	}
+	c.stats.Slept++
+	for {
+		// Announce, then re-check: the producer commits, then loads the
+		// doorbell, so one of us sees the other.
+		store32(c.cBell, 1)
+		rec, ok, err := c.Poll()
+		if ok || err != nil {
+			store32(c.cBell, 0)
+			return rec, err
+		}
+		if err := sleep(c.cBell, deadline); err != nil {
+			store32(c.cBell, 0)
+			return Record{}, err
+		}
+	}
+}
+
+// Release gives the space of every record returned so far back to the
+// producer (their Data slices become invalid) and wakes the producer if it
+// waits for space. Releasing once per batch is cheaper than per record.
+func (c *Consumer) Release() {
+	if c.headPos == c.released {
+		return
+	}
+	store64(c.head, c.headPos) // publishes: the space before head is free
+	c.released = c.headPos
+	wake(c.pBell, &c.stats.Wakes)
+}
+
+// Close tells the producer that nothing more is read, wakes it, and makes
+// later calls on this side return ErrClosed. It may be called from any
+// goroutine.
+func (c *Consumer) Close() error {
+	store32(c.cClosed, 1) // publishes: the consumer reads no more
+	var wakes uint64
+	wake(c.pBell, &wakes)
+	c.setErr(ErrClosed)
+	return nil
+}

@@ -1,0 +1,205 @@
+package shm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// Segment kinds: which layout follows the segment header. Higher layers
+// define their own kinds at KindUser and above.
+const (
+	KindRings uint32 = 1 // one or more rings, the layout its user defines
+	KindUser  uint32 = 0x100
+)
+
+// MaxSegmentSize bounds segments this package creates or accepts.
+const MaxSegmentSize = 1 << 34
+
+const requiredSeals = sys.SealShrink | sys.SealGrow | sys.SealSeal
+
+// Segment is a shared-memory segment: a sealed memfd mapped MAP_SHARED.
+// Its methods are safe for concurrent use; the memory it maps is shared with
+// the peer and untrusted (see the package comment).
+type Segment struct {
+	fd   int
+	mem  []byte
+	kind uint32
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// CreateSegment makes a new segment of size bytes (rounded up to whole
+// pages, at least SegmentHeaderSize) of the given kind, sealed and
+// pre-faulted, with its header written. name appears in /proc/PID/maps as
+// "memfd:sandirect:NAME"; nothing is created in any file system.
+func CreateSegment(name string, kind uint32, size int) (*Segment, error) {
+	if size < SegmentHeaderSize || size > MaxSegmentSize {
+		return nil, fmt.Errorf("shm: segment size %d outside [%d, %d]", size, SegmentHeaderSize, MaxSegmentSize)
+	}
+	size = (size + sys.PageSize - 1) &^ (sys.PageSize - 1)
+	fd, err := sys.MemfdCreate("sandirect:" + name)
+	if err != nil {
+		return nil, fmt.Errorf("shm: memfd_create: %w", err)
+	}
+	if err := sys.Ftruncate(fd, int64(size)); err != nil {
+		sys.Close(fd)
+		return nil, fmt.Errorf("shm: size segment: %w", err)
+	}
+	if err := sys.AddSeals(fd, requiredSeals); err != nil {
+		sys.Close(fd)
+		return nil, fmt.Errorf("shm: seal segment: %w", err)
+	}
+	mem, err := sys.MapShared(fd, size, true)
+	if err != nil {
+		sys.Close(fd)
+		return nil, fmt.Errorf("shm: map segment: %w", err)
+	}
+	binary.LittleEndian.PutUint64(mem[segMagicOff:], segMagic)
+	binary.LittleEndian.PutUint32(mem[segVersionOff:], segVersion)
+	binary.LittleEndian.PutUint32(mem[segKindOff:], kind)
+	binary.LittleEndian.PutUint64(mem[segSizeOff:], uint64(size))
+	binary.LittleEndian.PutUint32(mem[segPidOff:], uint32(os.Getpid()))
+	return &Segment{fd: fd, mem: mem, kind: kind}, nil
+}
+
+// OpenSegment maps a segment received from a peer. It takes ownership of fd:
+// on error fd is closed. It refuses, with an error matching ErrBadSegment,
+// an fd that is not a sealed regular file (F_SEAL_SHRINK, F_SEAL_GROW and
+// F_SEAL_SEAL must all be set), whose size is not a whole number of pages in
+// [wantMin, MaxSegmentSize], or whose header does not match (magic, version,
+// kind, size).
+func OpenSegment(fd int, kind uint32, wantMin int) (*Segment, error) {
+	s, err := openSegment(fd, kind, wantMin)
+	if err != nil {
+		sys.Close(fd)
+		return nil, err
+	}
+	return s, nil
+}
+
+func openSegment(fd int, kind uint32, wantMin int) (*Segment, error) {
+	seals, err := sys.GetSeals(fd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: fd %d does not support seals (not a memfd?): %v", ErrBadSegment, fd, err)
+	}
+	if seals&requiredSeals != requiredSeals {
+		return nil, fmt.Errorf("%w: seals %#x lack %#x: the peer could resize it under our mapping", ErrBadSegment, seals, requiredSeals&^seals)
+	}
+	st, err := sys.Fstat(fd)
+	if err != nil {
+		return nil, fmt.Errorf("shm: fstat segment: %w", err)
+	}
+	if !st.Regular {
+		return nil, fmt.Errorf("%w: not a regular file", ErrBadSegment)
+	}
+	if wantMin < SegmentHeaderSize {
+		wantMin = SegmentHeaderSize
+	}
+	if st.Size < int64(wantMin) || st.Size > MaxSegmentSize || st.Size%int64(sys.PageSize) != 0 {
+		return nil, fmt.Errorf("%w: size %d, want a whole number of pages in [%d, %d]", ErrBadSegment, st.Size, wantMin, int64(MaxSegmentSize))
+	}
+	mem, err := sys.MapShared(fd, int(st.Size), true)
+	if err != nil {
+		return nil, fmt.Errorf("shm: map segment: %w", err)
+	}
+	// Load each header word once, then validate the copies.
+	magic := load64(word64(mem, segMagicOff))
+	version := load32(word32(mem, segVersionOff))
+	gotKind := load32(word32(mem, segKindOff))
+	size := load64(word64(mem, segSizeOff))
+	switch {
+	case magic != segMagic:
+		err = fmt.Errorf("%w: bad magic %#x", ErrBadSegment, magic)
+	case version != segVersion:
+		err = fmt.Errorf("%w: layout version %d, want %d", ErrBadSegment, version, segVersion)
+	case gotKind != kind:
+		err = fmt.Errorf("%w: kind %d, want %d", ErrBadSegment, gotKind, kind)
+	case size != uint64(st.Size):
+		err = fmt.Errorf("%w: header says %d bytes, file has %d", ErrBadSegment, size, st.Size)
+	}
+	if err != nil {
+		sys.Munmap(mem)
+		return nil, err
+	}
+	return &Segment{fd: fd, mem: mem, kind: kind}, nil
+}
+
+// Bytes returns the whole mapping, header included.
+func (s *Segment) Bytes() []byte { return s.mem }
+
+// Size returns the mapping's length in bytes.
+func (s *Segment) Size() int { return len(s.mem) }
+
+// Fd returns the memfd. It stays owned by the segment.
+func (s *Segment) Fd() int { return s.fd }
+
+// Kind returns the segment's layout kind.
+func (s *Segment) Kind() uint32 { return s.kind }
+
+// Region returns size bytes at off, or an error if they do not lie inside
+// the segment after its header.
+func (s *Segment) Region(off, size int) ([]byte, error) {
+	if off < SegmentHeaderSize || size < 0 || off > len(s.mem) || size > len(s.mem)-off {
+		return nil, fmt.Errorf("%w: region [%d, +%d) outside segment of %d bytes", ErrBadSegment, off, size, len(s.mem))
+	}
+	return s.mem[off : off+size : off+size], nil
+}
+
+// Close unmaps the segment and closes its fd. Slices obtained from it must
+// not be used afterwards. Close is idempotent.
+func (s *Segment) Close() error {
+	s.closeOnce.Do(func() {
+		err1 := sys.Munmap(s.mem)
+		err2 := sys.Close(s.fd)
+		s.mem = nil
+		if err1 != nil {
+			s.closeErr = fmt.Errorf("shm: unmap segment: %w", err1)
+		} else if err2 != nil {
+			s.closeErr = fmt.Errorf("shm: close segment: %w", err2)
+		}
+	})
+	return s.closeErr
+}
+
+// SendSegments sends msg together with the segments' fds over c
+// (SCM_RIGHTS). The segments stay open on this side.
+func SendSegments(c *net.UnixConn, msg []byte, segs ...*Segment) error {
+	fds := make([]int, len(segs))
+	for i, s := range segs {
+		fds[i] = s.fd
+	}
+	if err := sys.SendFds(c, msg, fds...); err != nil {
+		return fmt.Errorf("shm: send segments: %w", err)
+	}
+	return nil
+}
+
+// ReceiveFds receives one message of at most len(buf) bytes carrying at most
+// max fds from c. The caller owns the fds and passes each to OpenSegment,
+// or closes it.
+func ReceiveFds(c *net.UnixConn, buf []byte, max int) (int, []int, error) {
+	n, fds, err := sys.RecvFds(c, buf, max)
+	if err != nil {
+		return 0, nil, fmt.Errorf("shm: receive segments: %w", err)
+	}
+	return n, fds, nil
+}
+
+// CloseFds closes fds received with ReceiveFds that will not be opened.
+func CloseFds(fds []int) { sys.CloseAll(fds) }
+
+// File returns a duplicate of the segment's fd as an *os.File, for handing
+// to a child process (exec.Cmd.ExtraFiles). The caller closes it.
+func (s *Segment) File() (*os.File, error) {
+	fd, err := sys.Dup(s.fd)
+	if err != nil {
+		return nil, fmt.Errorf("shm: dup segment fd: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "sandirect-segment"), nil
+}
