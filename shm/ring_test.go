@@ -1,0 +1,453 @@
+package shm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+// newRing returns a producer and a consumer over a fresh ring of capacity
+// bytes in its own segment.
+func newRing(t testing.TB, capacity int, pc, cc WaitConfig) (*Producer, *Consumer) {
+	t.Helper()
+	s, err := CreateSegment("ring", KindRings, SegmentHeaderSize+RingSize(capacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	region, err := s.Region(SegmentHeaderSize, RingSize(capacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := InitRing(region, capacity); err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewProducer(region, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConsumer(region, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, c
+}
+
+func TestInitRingRefuses(t *testing.T) {
+	buf := make([]byte, RingSize(1<<16)+lineSize)
+	// Find a 128-byte aligned start inside buf.
+	start := 0
+	for ; start < lineSize; start++ {
+		if p := &buf[start]; uintptrOf(p)%lineSize == 0 {
+			break
+		}
+	}
+	region := buf[start:]
+	for _, c := range []struct {
+		name     string
+		region   []byte
+		capacity int
+	}{
+		{"not a power of two", region, 1000},
+		{"too small", region, 128},
+		{"region too short", region[:RingSize(4096)-1], 4096},
+		{"misaligned", buf[start+8:], 4096},
+	} {
+		if err := InitRing(c.region, c.capacity); err == nil {
+			t.Errorf("%s: InitRing succeeded", c.name)
+		}
+	}
+}
+
+func TestRingWriteRead(t *testing.T) {
+	p, c := newRing(t, 4096, WaitConfig{}, WaitConfig{})
+	if _, ok, err := c.Poll(); ok || err != nil {
+		t.Fatalf("empty ring: ok %v err %v", ok, err)
+	}
+	msgs := []string{"", "a", "hello", "exactly8", "nine byte", string(bytes.Repeat([]byte("x"), 1000))}
+	for i, m := range msgs {
+		if err := p.Write(uint16(i+7), []byte(m), time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, m := range msgs {
+		rec, ok, err := c.Poll()
+		if !ok || err != nil {
+			t.Fatalf("record %d: ok %v err %v", i, ok, err)
+		}
+		if rec.Tag != uint16(i+7) || string(rec.Data) != m {
+			t.Fatalf("record %d: tag %d data %q", i, rec.Tag, rec.Data)
+		}
+	}
+	if _, ok, _ := c.Poll(); ok {
+		t.Fatal("extra record")
+	}
+	c.Release()
+}
+
+func TestReserveCommitPartial(t *testing.T) {
+	p, c := newRing(t, 4096, WaitConfig{}, WaitConfig{})
+	buf, err := p.Reserve(100, time.Time{})
+	if err != nil || len(buf) != 100 {
+		t.Fatalf("Reserve: %d bytes, %v", len(buf), err)
+	}
+	copy(buf, "partial")
+	if _, ok, _ := c.Poll(); ok {
+		t.Fatal("record visible before Commit")
+	}
+	if _, err := p.Reserve(1, time.Time{}); err == nil {
+		t.Fatal("second Reserve while one is pending succeeded")
+	}
+	if err := p.Commit(1, 101); err == nil {
+		t.Fatal("Commit beyond the reservation succeeded")
+	}
+	if err := p.Commit(3, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(3, 7); err == nil {
+		t.Fatal("Commit without Reserve succeeded")
+	}
+	rec, ok, err := c.Poll()
+	if !ok || err != nil || string(rec.Data) != "partial" || rec.Tag != 3 {
+		t.Fatalf("got %q tag %d ok %v err %v", rec.Data, rec.Tag, ok, err)
+	}
+}
+
+func TestRingTooLarge(t *testing.T) {
+	p, _ := newRing(t, 4096, WaitConfig{}, WaitConfig{})
+	if p.MaxPayload() != 4096/2-16 {
+		t.Fatalf("MaxPayload %d", p.MaxPayload())
+	}
+	if err := p.Write(0, make([]byte, p.MaxPayload()+1), time.Time{}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized write: %v", err)
+	}
+	if err := p.Write(0, make([]byte, p.MaxPayload()), time.Time{}); err != nil {
+		t.Fatalf("largest write: %v", err)
+	}
+}
+
+// TestRingWrapRandom pushes records of random sizes through a small ring
+// with the consumer lagging by a random amount, so records wrap, padding
+// appears at every offset, and the ring runs full; every record arrives
+// intact, in order.
+func TestRingWrapRandom(t *testing.T) {
+	const capacity = 1024
+	p, c := newRing(t, capacity, WaitConfig{Mode: WaitBusyPoll}, WaitConfig{Mode: WaitBusyPoll})
+	rng := rand.New(rand.NewPCG(1, 2))
+	var sent, got uint64
+	pending := 0
+	payload := make([]byte, p.MaxPayload())
+	for i := 0; i < 200000; i++ {
+		n := rng.IntN(p.MaxPayload() + 1)
+		if rng.IntN(4) == 0 {
+			n = rng.IntN(24)
+		}
+		for {
+			// Try without waiting: a full ring must be drained by us.
+			buf, err := p.Reserve(n, time.Now().Add(-time.Second))
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if pending == 0 {
+					t.Fatalf("ring full with nothing pending (n=%d)", n)
+				}
+				pending -= drain(t, c, &got, rng.IntN(pending)+1)
+				c.Release()
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			fill(payload[:n], sent)
+			copy(buf, payload[:n])
+			if err := p.Commit(uint16(sent), n); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+			pending++
+			break
+		}
+		if rng.IntN(8) == 0 {
+			k := drain(t, c, &got, rng.IntN(pending+1))
+			pending -= k
+			c.Release()
+		}
+	}
+	drain(t, c, &got, pending)
+	if got != sent {
+		t.Fatalf("sent %d, got %d", sent, got)
+	}
+}
+
+// fill writes a pattern derived from seq into b.
+func fill(b []byte, seq uint64) {
+	for i := range b {
+		b[i] = byte(seq*31 + uint64(i))
+	}
+}
+
+func drain(t *testing.T, c *Consumer, got *uint64, k int) int {
+	t.Helper()
+	for i := 0; i < k; i++ {
+		rec, ok, err := c.Poll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return i
+		}
+		if rec.Tag != uint16(*got) {
+			t.Fatalf("record %d has tag %d", *got, rec.Tag)
+		}
+		for j, b := range rec.Data {
+			if b != byte(*got*31+uint64(j)) {
+				t.Fatalf("record %d byte %d corrupt", *got, j)
+			}
+		}
+		*got++
+	}
+	return k
+}
+
+func TestRingClose(t *testing.T) {
+	t.Run("producer", func(t *testing.T) {
+		p, c := newRing(t, 4096, WaitConfig{}, WaitConfig{Mode: WaitBlock})
+		p.Write(1, []byte("last words"), time.Time{})
+		p.Close()
+		if err := p.Write(1, []byte("more"), time.Time{}); !errors.Is(err, ErrClosed) {
+			t.Fatalf("write after close: %v", err)
+		}
+		rec, err := c.Next(time.Time{})
+		if err != nil || string(rec.Data) != "last words" {
+			t.Fatalf("committed record lost after close: %q %v", rec.Data, err)
+		}
+		if _, err := c.Next(time.Time{}); !errors.Is(err, ErrClosed) {
+			t.Fatalf("read after drain: %v", err)
+		}
+	})
+	t.Run("consumer wakes blocked producer", func(t *testing.T) {
+		p, c := newRing(t, 256, WaitConfig{Mode: WaitBlock}, WaitConfig{})
+		done := make(chan error, 1)
+		go func() {
+			for {
+				if err := p.Write(0, make([]byte, 100), time.Time{}); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		// Wait until the producer has filled the ring and sleeps.
+		for load32(p.pBell) == 0 {
+			select {
+			case err := <-done:
+				t.Fatalf("producer stopped early: %v", err)
+			default:
+			}
+		}
+		c.Close()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrClosed) {
+				t.Fatalf("producer got %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("blocked producer not woken by consumer close")
+		}
+	})
+	t.Run("fail wakes blocked consumer", func(t *testing.T) {
+		_, c := newRing(t, 4096, WaitConfig{}, WaitConfig{Mode: WaitBlock})
+		errPeerGone := errors.New("peer gone")
+		done := make(chan error, 1)
+		go func() { _, err := c.Next(time.Time{}); done <- err }()
+		for load32(c.cBell) == 0 {
+		}
+		c.Fail(errPeerGone)
+		select {
+		case err := <-done:
+			if !errors.Is(err, errPeerGone) {
+				t.Fatalf("consumer got %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("blocked consumer not woken by Fail")
+		}
+	})
+}
+
+func TestRingDeadline(t *testing.T) {
+	for _, mode := range []WaitMode{WaitAdaptive, WaitBusyPoll, WaitBlock} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := WaitConfig{Mode: mode, Spin: time.Millisecond}
+			p, c := newRing(t, 256, cfg, cfg)
+			if _, err := c.Next(time.Now().Add(20 * time.Millisecond)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("Next on empty ring: %v", err)
+			}
+			for {
+				err := p.Write(0, make([]byte, 64), time.Now().Add(20*time.Millisecond))
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The ring still works after deadlines.
+			if _, err := c.Next(time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestNoLostWakeup hands records one by one between two goroutines over a
+// tiny ring in block and short-spin modes, so both sides sleep and wake
+// constantly. A lost wake-up hangs a side; the watchdog then fails the test.
+func TestNoLostWakeup(t *testing.T) {
+	n := 1_000_000
+	if testing.Short() {
+		n = 100_000
+	}
+	for _, cfg := range []WaitConfig{{Mode: WaitBlock}, {Mode: WaitAdaptive, Spin: time.Microsecond}} {
+		t.Run(cfg.Mode.String(), func(t *testing.T) {
+			p, c := newRing(t, MinRingCapacity, cfg, cfg)
+			progress := make(chan struct{}, 1)
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				var b [8]byte
+				for i := 0; i < n; i++ {
+					binary.LittleEndian.PutUint64(b[:], uint64(i))
+					if err := p.Write(0, b[:i%9], time.Time{}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				for i := 0; i < n; i++ {
+					rec, err := c.Next(time.Time{})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					var b [8]byte
+					binary.LittleEndian.PutUint64(b[:], uint64(i))
+					if !bytes.Equal(rec.Data, b[:i%9]) {
+						t.Errorf("record %d: %x", i, rec.Data)
+						return
+					}
+					c.Release()
+					if i%1024 == 0 {
+						select {
+						case progress <- struct{}{}:
+						default:
+						}
+					}
+				}
+			}()
+			finished := make(chan struct{})
+			go func() { wg.Wait(); close(finished) }()
+			for {
+				select {
+				case <-finished:
+					ps, cs := p.Stats(), c.Stats()
+					t.Logf("producer %+v consumer %+v", ps, cs)
+					if cs.Slept == 0 || ps.Slept == 0 {
+						t.Errorf("the sleep path was not exercised")
+					}
+					return
+				case <-progress:
+				case <-time.After(20 * time.Second):
+					err := errors.New("no progress for 20s: lost wake-up")
+					p.Fail(err)
+					c.Fail(err)
+					<-finished
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func TestCorruptRecords(t *testing.T) {
+	cases := []struct {
+		name string
+		off  uint64
+		hdr  uint64
+	}{
+		{"uncommitted bit", 0, 5},
+		{"reserved bits", 0, hdrCommitted | 1<<50 | 4},
+		{"too long", 0, hdrCommitted | 4000},
+		{"straddles end", 0, hdrCommitted | 2000}, // maxPay is 2032 for 4096
+		{"padding not to end", 0, hdrCommitted | hdrPadding | 100},
+		{"huge length", 0, hdrCommitted | 0xffffffff},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, cons := newRing(t, 4096, WaitConfig{}, WaitConfig{})
+			if c.name == "straddles end" {
+				// Move to offset 3000 first, so 2000 bytes straddle.
+				for i := 0; i < 3; i++ {
+					if err := p.Write(0, make([]byte, 992), time.Time{}); err != nil {
+						t.Fatal(err)
+					}
+					cons.Poll()
+					cons.Release()
+				}
+				c.off = 3000
+			}
+			*at(cons.data, c.off) = c.hdr
+			_, _, err := cons.Poll()
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Poll: %v, want ErrCorrupt", err)
+			}
+			*at(cons.data, c.off) = 0
+			if _, _, err2 := cons.Poll(); !errors.Is(err2, ErrCorrupt) {
+				t.Fatalf("consumer recovered from corruption: %v", err2)
+			}
+		})
+	}
+	t.Run("head beyond tail", func(t *testing.T) {
+		p, _ := newRing(t, 256, WaitConfig{Mode: WaitBusyPoll}, WaitConfig{})
+		store64(p.head, 1<<40)
+		var err error
+		for i := 0; i < 100 && err == nil; i++ {
+			err = p.Write(0, make([]byte, 64), time.Time{})
+		}
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("producer: %v, want ErrCorrupt", err)
+		}
+	})
+	t.Run("overrun", func(t *testing.T) {
+		// Headers that claim more than the capacity minus the gap beyond
+		// what the consumer released: a producer overwriting unread data.
+		_, c := newRing(t, 256, WaitConfig{}, WaitConfig{})
+		*at(c.data, 0) = hdrCommitted | 104
+		*at(c.data, 112) = hdrCommitted | hdrPadding | 136
+		if _, ok, err := c.Poll(); !ok || err != nil {
+			t.Fatalf("first record: ok %v err %v", ok, err)
+		}
+		if _, _, err := c.Poll(); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("consumer: %v, want ErrCorrupt", err)
+		}
+	})
+}
+
+func TestParseWaitMode(t *testing.T) {
+	for _, m := range []WaitMode{WaitAdaptive, WaitBusyPoll, WaitBlock} {
+		got, err := ParseWaitMode(m.String())
+		if err != nil || got != m {
+			t.Errorf("ParseWaitMode(%q) = %v, %v", m.String(), got, err)
+		}
+	}
+	if _, err := ParseWaitMode("spin"); err == nil {
+		t.Error("unknown mode parsed")
+	}
+	if err := (WaitConfig{Spin: -1}).Validate(); err == nil {
+		t.Error("negative spin validated")
+	}
+}
