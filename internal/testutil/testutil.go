@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -100,7 +101,13 @@ func StartChild(tb testing.TB, name string, files []*os.File, args ...string) *C
 	if err != nil {
 		tb.Fatalf("os.Executable: %v", err)
 	}
+	return startChild(tb, exe, nil, name, files, args)
+}
+
+func startChild(tb testing.TB, exe string, attr *syscall.SysProcAttr, name string, files []*os.File, args []string) *Child {
+	tb.Helper()
 	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.SysProcAttr = attr
 	cmd.Env = append(os.Environ(), envChild+"="+name, envArgs+"="+strings.Join(args, "\x00"))
 	cmd.ExtraFiles = files
 	c := &Child{Cmd: cmd, done: make(chan struct{})}
