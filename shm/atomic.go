@@ -36,3 +36,8 @@ func swap32(p *uint32, v uint32) uint32 {
 func at(base unsafe.Pointer, off uint64) *uint64 {
 	return (*uint64)(unsafe.Add(base, off))
 }
+
+// rawPointer returns the address of an in-process atomic word, for futex
+// calls on it. Go does not move heap objects, so the address is stable for
+// the object's lifetime.
+func rawPointer(p *atomic.Uint32) unsafe.Pointer { return unsafe.Pointer(p) }

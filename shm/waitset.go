@@ -1,0 +1,110 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// WaitSet lets one goroutine sleep until any of several rings has a record
+// or until code in this process rings the set, with one futex_waitv call
+// (Linux 5.16). A completion queue fed by many queue pairs waits on one.
+//
+// Add, Remove and Wait must not run concurrently with each other (the
+// caller serializes them); Ring may be called from any goroutine at any
+// time.
+type WaitSet struct {
+	cs   []*Consumer
+	bell atomic.Uint32 // 1 = the owner sleeps; in-process wakers swap it to 0
+	vec  []sys.FutexWaiter
+}
+
+// Add makes Wait return when c has a record, is closed or has failed. c's
+// own Next must not be used while c is in a set.
+func (w *WaitSet) Add(c *Consumer) { w.cs = append(w.cs, c) }
+
+// Remove takes c out of the set.
+func (w *WaitSet) Remove(c *Consumer) {
+	if i := slices.Index(w.cs, c); i >= 0 {
+		w.cs = slices.Delete(w.cs, i, i+1)
+	}
+}
+
+// Ring wakes the set's owner if it sleeps in Wait.
+func (w *WaitSet) Ring() {
+	if w.bell.Load() != 0 && w.bell.Swap(0) != 0 {
+		sys.FutexWake(w.bellWord(), 1)
+	}
+}
+
+func (w *WaitSet) bellWord() *uint32 { return (*uint32)(rawPointer(&w.bell)) }
+
+// pending tells whether c has something for its reader: a record, a close
+// or a failure.
+func (c *Consumer) pending() bool {
+	return load64(at(c.data, c.headPos&c.mask)) != 0 || load32(c.pClosed) != 0 || c.err.Load() != nil
+}
+
+// Wait sleeps until a consumer in the set is pending, Ring is called, or
+// deadline passes (os.ErrDeadlineExceeded; zero: no deadline). ready is
+// checked after announcing, before sleeping: it reports in-process work
+// that Ring would announce (for example completions already queued). Wait
+// may return early; callers re-check their state and call it again.
+func (w *WaitSet) Wait(ready func() bool, deadline time.Time) error {
+	timeout := time.Duration(-1)
+	if !deadline.IsZero() {
+		if timeout = time.Until(deadline); timeout <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+	}
+	n := len(w.cs) + 1
+	if n > sys.FutexWaitvMax {
+		// Too many words for one call: announce on all the same, and
+		// sleep on the bell in short slices, re-checking the rings.
+		n = 1
+		if timeout < 0 || timeout > time.Millisecond {
+			timeout = time.Millisecond
+		}
+	}
+	// Announce on every word, then re-check: each producer (and Ring)
+	// stores its update before it loads the word, so one side sees the
+	// other.
+	w.bell.Store(1)
+	for _, c := range w.cs {
+		store32(c.cBell, 1)
+	}
+	defer w.withdraw()
+	if ready != nil && ready() {
+		return nil
+	}
+	for _, c := range w.cs {
+		if c.pending() {
+			return nil
+		}
+	}
+	if cap(w.vec) < n {
+		w.vec = make([]sys.FutexWaiter, n)
+	}
+	vec := w.vec[:n]
+	vec[0].SetWord(w.bellWord(), 1)
+	for i := 1; i < n; i++ {
+		vec[i].SetWord(w.cs[i-1].cBell, 1)
+	}
+	_, err := sys.FutexWaitv(vec, timeout)
+	if err != nil && !errors.Is(err, sys.EAGAIN) && !errors.Is(err, sys.EINTR) && !errors.Is(err, sys.ETIMEDOUT) {
+		return fmt.Errorf("shm: futex_waitv: %w", err)
+	}
+	return nil
+}
+
+func (w *WaitSet) withdraw() {
+	w.bell.Store(0)
+	for _, c := range w.cs {
+		store32(c.cBell, 0)
+	}
+}
