@@ -1,0 +1,595 @@
+package pin
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// Cache pins and registers buffers and caches the registrations. Safe for
+// concurrent use by any number of goroutines.
+type Cache struct {
+	cfg    Config
+	hooks  Hooks
+	mon    monitor
+	report MonitorReport
+	epoch  *atomic.Uint64 // the monitor's published epoch: the fast-path check
+	ctr    counters
+	done   chan struct{} // closed by Close: stops the drain goroutine
+	wg     sync.WaitGroup
+
+	// mu guards every field below and every entry's fields (but invalid).
+	// Lock order: mu, then ownedMu (read). Hooks run under mu. No goroutine
+	// unmaps memory while holding mu, so a monitor that blocks unmapping
+	// threads never waits for it.
+	mu       sync.Mutex
+	closed   bool
+	applied  uint64 // the last monitor epoch applied to the index
+	idx      index
+	lru      list // cached, unused entries; front = most recently used
+	others   list // dead or uncached entries, in use
+	pins     pinTable
+	nEntries int
+	nextID   uint64
+	scratch  []*entry
+}
+
+// New creates a cache with cfg (nil: DefaultConfig) and starts its monitor.
+func New(cfg *Config) (*Cache, error) {
+	var c0 Config
+	if cfg != nil {
+		c0 = *cfg
+	}
+	if err := c0.Validate(); err != nil {
+		return nil, err
+	}
+	c0 = c0.withDefaults()
+	c := &Cache{cfg: c0, hooks: c0.Hooks, done: make(chan struct{})}
+	c.lru.init()
+	c.others.init()
+	var err error
+	c.mon, c.report, err = startMonitor(c0.Monitor, c0.MaxBacklog)
+	if err != nil {
+		return nil, err
+	}
+	c.epoch = c.mon.epoch()
+	c.pins.unwatch = c.mon.unwatch
+	if n := c.mon.notify(); n != nil {
+		c.wg.Add(1)
+		go c.drainLoop(n)
+	}
+	registerCache(c)
+	return c, nil
+}
+
+// Monitor tells which monitor watches foreign memory and why the better
+// ones do not.
+func (c *Cache) Monitor() MonitorReport { return c.report }
+
+// Config returns the configuration in force, defaults filled in.
+func (c *Cache) Config() Config { return c.cfg }
+
+// Register is RegisterFor(NoOwner, buf, access).
+func (c *Cache) Register(buf []byte, access Access) (Handle, error) {
+	return c.RegisterFor(NoOwner, buf, access)
+}
+
+// RegisterFor pins buf (the page-aligned superset of it), registers it with
+// the NIC and, for remote access, exposes it, on behalf of owner. A cached
+// registration covering buf with at least the access asked for is reused: no
+// system call, no allocation. The Handle must be given to Deregister once.
+//
+// The cache holds buf (so its object stays alive, and the Go GC cannot reuse
+// the address) for as long as the registration is cached. buf must not be on
+// a stack (ErrStack); a []byte passed here escapes to the heap anyway.
+//
+// When the pages cannot be pinned (mlock fails for lack of memory, or the
+// limits are reached) unused entries are evicted and pinning tried once
+// more; then the error matches syscall.ENOBUFS.
+func (c *Cache) RegisterFor(owner Owner, buf []byte, access Access) (Handle, error) {
+	n := len(buf)
+	if n == 0 {
+		c.ctr.failures.Add(1)
+		return Handle{}, ErrEmpty
+	}
+	access &= accessAll
+	addr := sys.Addr(buf)
+	end := addr + uintptr(n)
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.ctr.failures.Add(1)
+		return Handle{}, ErrClosed
+	}
+	if c.epoch.Load() != c.applied {
+		c.drainLocked()
+	}
+	if i := c.idx.floor(addr); i >= 0 {
+		if e := c.idx.ents[i]; end <= e.hi && access&^e.Access == 0 {
+			err := c.acquireLocked(e, owner, access)
+			c.mu.Unlock()
+			if err != nil {
+				c.ctr.failures.Add(1)
+				return Handle{}, err
+			}
+			c.ctr.hits.Add(1)
+			return Handle{e: e, addr: addr, n: n, access: access}, nil
+		}
+	}
+	e, err := c.missLocked(owner, buf, addr, end, access)
+	c.mu.Unlock()
+	if err != nil {
+		c.ctr.failures.Add(1)
+		return Handle{}, err
+	}
+	c.ctr.misses.Add(1)
+	return Handle{e: e, addr: addr, n: n, access: access}, nil
+}
+
+// acquireLocked takes one more hold on a cached entry for owner.
+func (c *Cache) acquireLocked(e *entry, owner Owner, access Access) error {
+	if !e.registered && c.hooks != nil {
+		if err := c.hooks.Register(&e.Region); err != nil {
+			return fmt.Errorf("nic register: %w", err)
+		}
+		e.registered = true
+	}
+	if access.Remote() && e.remoteRefs == 0 {
+		if err := c.exposeLocked(e); err != nil {
+			return err
+		}
+	}
+	if e.refs == 0 && e.state == stateCached {
+		c.lru.remove(e)
+	}
+	e.refs++
+	if access.Remote() {
+		e.remoteRefs++
+	}
+	e.owner = owner
+	return nil
+}
+
+func (c *Cache) exposeLocked(e *entry) error {
+	if c.hooks == nil || e.exposed {
+		e.exposed = true
+		return nil
+	}
+	var err error
+	if e.everExposed {
+		err = c.hooks.Reexpose(&e.Region, e.Access)
+	} else {
+		err = c.hooks.Expose(&e.Region, e.Access)
+	}
+	if err != nil {
+		return fmt.Errorf("nic expose: %w", err)
+	}
+	e.exposed, e.everExposed = true, true
+	return nil
+}
+
+// revokeLocked ends remote access to e.
+func (c *Cache) revokeLocked(e *entry) error {
+	if !e.exposed {
+		return nil
+	}
+	e.exposed = false
+	if c.hooks == nil || !e.registered {
+		return nil
+	}
+	dropped, err := c.hooks.Revoke(&e.Region)
+	if err != nil {
+		// Access must end: take the registration away altogether.
+		c.hooks.Deregister(&e.Region)
+		e.registered = false
+		return fmt.Errorf("nic revoke: %w", err)
+	}
+	if dropped {
+		e.registered = false
+	}
+	return nil
+}
+
+// missLocked creates an entry for [addr, end), merging the cached entries it
+// overlaps.
+func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Access) (*entry, error) {
+	if end < addr {
+		return nil, fmt.Errorf("buffer wraps the address space")
+	}
+	if onStack(addr, end) {
+		return nil, ErrStack
+	}
+	s := pageSpan(addr, end-addr)
+	req := s
+	cacheable := c.cacheableLocked(s)
+
+	// Merge with the cached entries s overlaps: the new entry covers their
+	// union, so the index stays non-overlapping. Pages they share stay
+	// pinned throughout: the new entry pins before the old ones unpin.
+	olds := c.scratch[:0]
+	if cacheable {
+		i, j := c.idx.overlapping(s.lo, s.hi)
+		for _, o := range c.idx.ents[i:j] {
+			s.lo, s.hi = min(s.lo, o.lo), max(s.hi, o.hi)
+			access |= o.Access
+			if o.refs == 0 {
+				c.lru.remove(o)
+			}
+			olds = append(olds, o)
+		}
+		c.idx.removeAt(i, j)
+	}
+	c.scratch = olds[:0]
+	restore := func() {
+		if cacheable {
+			for _, g := range c.pins.unpinned(req) {
+				c.mon.unwatch(g.lo, g.len())
+			}
+		}
+		for _, o := range olds {
+			c.idx.insert(o)
+			if o.refs == 0 {
+				c.lru.pushFront(o)
+			}
+		}
+	}
+
+	unused := 0
+	for _, o := range olds {
+		if o.refs == 0 {
+			unused++
+		}
+	}
+	if err := c.pinLocked(s, unused); err != nil {
+		restore()
+		return nil, err
+	}
+	c.nextID++
+	e := &entry{
+		Region: Region{Addr: s.lo, Len: s.len(), Access: access},
+		lo:     s.lo, hi: s.hi, id: c.nextID, owner: owner, refs: 1,
+	}
+	if access.Remote() {
+		e.remoteRefs = 1
+	}
+	for _, o := range olds {
+		e.keep = append(e.keep, o.keep...)
+	}
+	e.keep = append(e.keep, buf[:len(buf):len(buf)])
+	if c.hooks != nil {
+		if err := c.hooks.Register(&e.Region); err != nil {
+			c.pins.unpin(s, nil)
+			restore()
+			return nil, fmt.Errorf("nic register: %w", err)
+		}
+		e.registered = true
+		if access.Remote() {
+			if err := c.exposeLocked(e); err != nil {
+				c.hooks.Deregister(&e.Region)
+				c.pins.unpin(s, nil)
+				restore()
+				return nil, err
+			}
+		}
+	} else if access.Remote() {
+		e.exposed, e.everExposed = true, true
+	}
+	c.nEntries++
+	if cacheable {
+		e.state = stateCached
+		c.idx.insert(e)
+	} else {
+		e.state = stateUncached
+		c.others.pushFront(e)
+	}
+	for _, o := range olds {
+		if o.refs == 0 {
+			c.releaseLocked(o)
+		} else {
+			o.state = stateDead
+			c.others.pushFront(o)
+		}
+	}
+	c.syncCounters()
+	return e, nil
+}
+
+// pinLocked pins s within the limits, evicting unused entries to make room,
+// and retrying once after evicting everything unused if mlock fails for lack
+// of memory. merged entries are about to be released in favour of the new
+// one.
+func (c *Cache) pinLocked(s span, merged int) error {
+	for c.nEntries+1-merged > c.cfg.MaxEntries {
+		if !c.evictOneLocked() {
+			return fmt.Errorf("pin %d bytes: %w: %d registrations alive, limit %d",
+				s.len(), syscall.ENOBUFS, c.nEntries, c.cfg.MaxEntries)
+		}
+	}
+	for {
+		need := c.pins.unpinnedBytes(s)
+		if int64(c.pins.bytes+need) <= c.cfg.MaxPinnedBytes {
+			break
+		}
+		if !c.evictOneLocked() {
+			return fmt.Errorf("pin %d bytes: %w: %d bytes pinned, limit %d",
+				s.len(), syscall.ENOBUFS, c.pins.bytes, c.cfg.MaxPinnedBytes)
+		}
+	}
+	err := c.pins.pin(s)
+	if err != nil && (errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EAGAIN)) {
+		for c.evictOneLocked() {
+		}
+		err = c.pins.pin(s)
+	}
+	if err != nil {
+		if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EAGAIN) {
+			return fmt.Errorf("mlock %d bytes: %w (%w)", s.len(), syscall.ENOBUFS, err)
+		}
+		return fmt.Errorf("mlock %d bytes: %w", s.len(), err)
+	}
+	return nil
+}
+
+// evictOneLocked releases the least recently used unused entry.
+func (c *Cache) evictOneLocked() bool {
+	if c.lru.empty() {
+		return false
+	}
+	e := c.lru.back()
+	c.lru.remove(e)
+	c.idx.remove(e)
+	c.releaseLocked(e)
+	c.ctr.evictions.Add(1)
+	return true
+}
+
+// releaseLocked removes e's NIC registration and unpins it. e is in no list
+// and not in the index.
+func (c *Cache) releaseLocked(e *entry) {
+	if e.registered && c.hooks != nil {
+		if e.exposed {
+			c.revokeLocked(e)
+		}
+		if e.registered {
+			c.hooks.Deregister(&e.Region)
+		}
+	}
+	e.registered, e.exposed = false, false
+	c.pins.unpin(span{e.lo, e.hi}, e.holes)
+	e.state = stateReleased
+	e.keep = nil
+	c.nEntries--
+	c.syncCounters()
+}
+
+func (c *Cache) syncCounters() {
+	c.ctr.pinnedBytes.Store(uint64(c.pins.bytes))
+	c.ctr.entries.Store(uint64(c.nEntries))
+}
+
+// Deregister gives back a Handle from Register. A cached entry stays pinned
+// and registered for reuse; remote access to it is revoked when its last
+// remote holder deregisters. An entry invalidated or flushed while in use is
+// released at its last Deregister. Safe for concurrent use.
+func (c *Cache) Deregister(h Handle) error {
+	e := h.e
+	if e == nil {
+		return ErrNotRegistered
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.refs <= 0 {
+		return ErrNotRegistered
+	}
+	var err error
+	if h.access.Remote() {
+		e.remoteRefs--
+		if e.remoteRefs == 0 {
+			err = c.revokeLocked(e)
+		}
+	}
+	e.refs--
+	if e.refs > 0 {
+		if !e.registered && c.hooks != nil {
+			// Revocation dropped the registration other holders use:
+			// register again (new keys; the peer's are void).
+			if rerr := c.hooks.Register(&e.Region); rerr == nil {
+				e.registered = true
+			} else if err == nil {
+				err = fmt.Errorf("nic register after revoke: %w", rerr)
+			}
+		}
+		return err
+	}
+	switch e.state {
+	case stateCached:
+		if c.closed {
+			c.idx.remove(e)
+			c.releaseLocked(e)
+		} else {
+			c.lru.pushFront(e)
+		}
+	case stateDead, stateUncached:
+		c.others.remove(e)
+		c.releaseLocked(e)
+	}
+	return err
+}
+
+// Invalidate is the cache callback: the mapping of [addr, addr+length) is
+// about to change (the memory is still mapped). Entries overlapping it leave
+// the index, lose remote access and, unless in use, are released now; an
+// entry in use stays valid for its holder until its last Deregister and is
+// never handed out again. It returns how many entries it invalidated.
+func (c *Cache) Invalidate(addr, length uintptr) int {
+	return c.invalidate(addr, length, false)
+}
+
+// InvalidateUnmapped is Invalidate for a range that is already unmapped or
+// replaced: nothing in it is unlocked, since it may belong to a new mapping.
+func (c *Cache) InvalidateUnmapped(addr, length uintptr) int {
+	return c.invalidate(addr, length, true)
+}
+
+func (c *Cache) invalidate(addr, length uintptr, gone bool) int {
+	if length == 0 || addr+length < addr {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.invalidateLocked(pageSpan(addr, length), gone)
+}
+
+func (c *Cache) invalidateLocked(s span, gone bool) int {
+	n := 0
+	i, j := c.idx.overlapping(s.lo, s.hi)
+	if i < j {
+		hit := append(c.scratch[:0], c.idx.ents[i:j]...)
+		c.idx.removeAt(i, j)
+		for _, e := range hit {
+			c.invalidateEntryLocked(e, s, gone)
+			n++
+		}
+		c.scratch = hit[:0]
+	}
+	for e := c.others.front(); e != &c.others.root; e = e.next {
+		if e.lo < s.hi && s.lo < e.hi && !(e.invalid.Load() && !gone) {
+			c.invalidateEntryLocked(e, s, gone)
+			n++
+		}
+	}
+	if gone {
+		c.pins.drop(s)
+	}
+	c.syncCounters()
+	return n
+}
+
+// invalidateEntryLocked handles one entry overlapping s, already out of the
+// index.
+func (c *Cache) invalidateEntryLocked(e *entry, s span, gone bool) {
+	if gone {
+		e.holes = append(e.holes, span{max(s.lo, e.lo), min(s.hi, e.hi)})
+	}
+	if e.invalid.Swap(true) {
+		c.revokeLocked(e) // already counted
+		return
+	}
+	c.ctr.invalidations.Add(1)
+	switch {
+	case e.state == stateCached && e.refs == 0:
+		c.lru.remove(e)
+		c.releaseLocked(e)
+	case e.state == stateCached:
+		c.ctr.inUseInval.Add(1)
+		c.revokeLocked(e)
+		e.state = stateDead
+		c.others.pushFront(e)
+	default:
+		c.ctr.inUseInval.Add(1)
+		c.revokeLocked(e)
+	}
+}
+
+// Flush releases what owner cached: its unused entries now, its entries in
+// use at their last Deregister (never handed out again). Call it before the
+// owner's connection closes. It returns how many entries it flushed. Safe
+// for concurrent use.
+func (c *Cache) Flush(owner Owner) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.flushLocked(func(e *entry) bool { return e.owner == owner })
+}
+
+func (c *Cache) flushLocked(match func(*entry) bool) int {
+	n := 0
+	w := 0
+	ents := c.idx.ents
+	for _, e := range ents {
+		if match != nil && !match(e) {
+			ents[w] = e
+			w++
+			continue
+		}
+		n++
+		if e.refs == 0 {
+			c.lru.remove(e)
+			c.releaseLocked(e)
+		} else {
+			e.state = stateDead
+			c.others.pushFront(e)
+		}
+	}
+	clear(ents[w:])
+	c.idx.ents = ents[:w]
+	c.idx.starts = c.idx.starts[:0]
+	for _, e := range c.idx.ents {
+		c.idx.starts = append(c.idx.starts, e.lo)
+	}
+	return n
+}
+
+// Close releases every cached registration and stops the monitor. Entries in
+// use are released at their last Deregister. Register fails with ErrClosed
+// afterwards. Safe for concurrent use; later calls return nil.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.flushLocked(nil)
+	c.ctr.fullFlushes.Add(1)
+	c.mu.Unlock()
+	unregisterCache(c)
+	close(c.done)
+	c.wg.Wait()
+	return c.mon.close()
+}
+
+// drainLocked applies the monitor's pending events.
+func (c *Cache) drainLocked() {
+	target := c.epoch.Load()
+	lost := c.mon.drain(target, func(s span, gone bool) { c.invalidateLocked(s, gone) })
+	if lost > 0 {
+		c.ctr.eventsLost.Add(lost)
+		c.ctr.fullFlushes.Add(1)
+		// Which ranges changed is unknown: treat all as unmapped, never
+		// unlocking what may belong to someone else now.
+		c.flushLocked(func(e *entry) bool {
+			e.invalid.Store(true)
+			e.holes = append(e.holes[:0], span{e.lo, e.hi})
+			return true
+		})
+		for e := c.others.front(); e != &c.others.root; e = e.next {
+			e.invalid.Store(true)
+			e.holes = append(e.holes[:0], span{e.lo, e.hi})
+		}
+		c.pins.segs, c.pins.bytes = c.pins.segs[:0], 0
+		c.syncCounters()
+	}
+	c.applied = target
+}
+
+// drainLoop applies monitor events as they come, so the backlog stays short
+// even when nobody registers.
+func (c *Cache) drainLoop(note <-chan struct{}) {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-note:
+			c.mu.Lock()
+			if !c.closed && c.epoch.Load() != c.applied {
+				c.drainLocked()
+			}
+			c.mu.Unlock()
+		case <-c.done:
+			return
+		}
+	}
+}
