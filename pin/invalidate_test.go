@@ -81,7 +81,7 @@ func TestMunmapMiddle(t *testing.T) {
 		}
 		wantLocked(t, c, addr, 3, 2)
 		deregister(t, c, h)
-		wantLocked(t, c, addr, 3, 1)       // the new entry's
+		wantLocked(t, c, addr, 3, 1)        // the new entry's
 		wantLocked(t, c, addr+5*page, 3, 0) // released
 		deregister(t, c, h2)
 		munmap(t, addr, 3)
