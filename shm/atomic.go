@@ -41,3 +41,27 @@ func at(base unsafe.Pointer, off uint64) *uint64 {
 // calls on it. Go does not move heap objects, so the address is stable for
 // the object's lifetime.
 func rawPointer(p *atomic.Uint32) unsafe.Pointer { return unsafe.Pointer(p) }
+
+// Exported accessors for the shared tables of higher layers. Each loads or
+// stores one word with sequentially consistent ordering; off must be
+// aligned to the word and lie inside mem (else they panic: a programming
+// error, since offsets come from layout constants and validated indices).
+
+// LoadUint64 loads the 8-byte word at off in mem.
+func LoadUint64(mem []byte, off int) uint64 { return load64(word64(mem, checkAlign(off, 8))) }
+
+// StoreUint64 stores v in the 8-byte word at off in mem.
+func StoreUint64(mem []byte, off int, v uint64) { store64(word64(mem, checkAlign(off, 8)), v) }
+
+// LoadUint32 loads the 4-byte word at off in mem.
+func LoadUint32(mem []byte, off int) uint32 { return load32(word32(mem, checkAlign(off, 4))) }
+
+// StoreUint32 stores v in the 4-byte word at off in mem.
+func StoreUint32(mem []byte, off int, v uint32) { store32(word32(mem, checkAlign(off, 4)), v) }
+
+func checkAlign(off, size int) int {
+	if off%size != 0 {
+		panic("shm: misaligned shared word")
+	}
+	return off
+}

@@ -75,7 +75,7 @@ func CreateSegment(name string, kind uint32, size int) (*Segment, error) {
 // [wantMin, MaxSegmentSize], or whose header does not match (magic, version,
 // kind, size).
 func OpenSegment(fd int, kind uint32, wantMin int) (*Segment, error) {
-	s, err := openSegment(fd, kind, wantMin)
+	s, err := openSegment(fd, kind, wantMin, false)
 	if err != nil {
 		sys.Close(fd)
 		return nil, err
@@ -83,7 +83,7 @@ func OpenSegment(fd int, kind uint32, wantMin int) (*Segment, error) {
 	return s, nil
 }
 
-func openSegment(fd int, kind uint32, wantMin int) (*Segment, error) {
+func openSegment(fd int, kind uint32, wantMin int, readOnly bool) (*Segment, error) {
 	seals, err := sys.GetSeals(fd)
 	if err != nil {
 		return nil, fmt.Errorf("%w: fd %d does not support seals (not a memfd?): %v", ErrBadSegment, fd, err)
@@ -104,7 +104,12 @@ func openSegment(fd int, kind uint32, wantMin int) (*Segment, error) {
 	if st.Size < int64(wantMin) || st.Size > MaxSegmentSize || st.Size%int64(sys.PageSize) != 0 {
 		return nil, fmt.Errorf("%w: size %d, want a whole number of pages in [%d, %d]", ErrBadSegment, st.Size, wantMin, int64(MaxSegmentSize))
 	}
-	mem, err := sys.MapShared(fd, int(st.Size), true)
+	var mem []byte
+	if readOnly {
+		mem, err = sys.MapSharedReadOnly(fd, int(st.Size))
+	} else {
+		mem, err = sys.MapShared(fd, int(st.Size), true)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("shm: map segment: %w", err)
 	}
@@ -202,4 +207,16 @@ func (s *Segment) File() (*os.File, error) {
 		return nil, fmt.Errorf("shm: dup segment fd: %w", err)
 	}
 	return os.NewFile(uintptr(fd), "sandirect-segment"), nil
+}
+
+// OpenSegmentReadOnly is OpenSegment for a segment this process only reads
+// (a table its owner writes): the mapping is PROT_READ, so not even a bug
+// here can write into it.
+func OpenSegmentReadOnly(fd int, kind uint32, wantMin int) (*Segment, error) {
+	s, err := openSegment(fd, kind, wantMin, true)
+	if err != nil {
+		sys.Close(fd)
+		return nil, err
+	}
+	return s, nil
 }

@@ -44,17 +44,19 @@ func (w *WaitSet) Ring() {
 
 func (w *WaitSet) bellWord() *uint32 { return (*uint32)(rawPointer(&w.bell)) }
 
-// pending tells whether c has something for its reader: a record, a close
-// or a failure.
-func (c *Consumer) pending() bool {
+// Pending tells whether c has something for its reader: a record, a close
+// or a failure. It loads shared words and does not consume anything.
+func (c *Consumer) Pending() bool {
 	return load64(at(c.data, c.headPos&c.mask)) != 0 || load32(c.pClosed) != 0 || c.err.Load() != nil
 }
 
-// Wait sleeps until a consumer in the set is pending, Ring is called, or
-// deadline passes (os.ErrDeadlineExceeded; zero: no deadline). ready is
-// checked after announcing, before sleeping: it reports in-process work
-// that Ring would announce (for example completions already queued). Wait
-// may return early; callers re-check their state and call it again.
+// Wait sleeps until a producer of a ring in the set commits or closes,
+// Ring is called, or deadline passes (os.ErrDeadlineExceeded; zero: no
+// deadline). ready is checked after announcing on every word and before
+// sleeping: it must report everything the caller waits for — in-process
+// work that Ring announces, and the Pending state of the rings it cares
+// about now (a caller may ignore a ring whose records it cannot take yet).
+// Wait may return early; callers re-check their state and call it again.
 func (w *WaitSet) Wait(ready func() bool, deadline time.Time) error {
 	timeout := time.Duration(-1)
 	if !deadline.IsZero() {
@@ -79,13 +81,8 @@ func (w *WaitSet) Wait(ready func() bool, deadline time.Time) error {
 		store32(c.cBell, 1)
 	}
 	defer w.withdraw()
-	if ready != nil && ready() {
+	if ready() {
 		return nil
-	}
-	for _, c := range w.cs {
-		if c.pending() {
-			return nil
-		}
 	}
 	if cap(w.vec) < n {
 		w.vec = make([]sys.FutexWaiter, n)

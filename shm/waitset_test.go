@@ -14,34 +14,35 @@ func TestWaitSet(t *testing.T) {
 	var w WaitSet
 	w.Add(c1)
 	w.Add(c2)
-	if err := w.Wait(nil, time.Now().Add(10*time.Millisecond)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	never := func() bool { return false }
+	if err := w.Wait(never, time.Now().Add(10*time.Millisecond)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatal(err)
 	}
-	if err := w.Wait(nil, time.Now().Add(-time.Second)); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := w.Wait(never, time.Now().Add(-time.Second)); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("past deadline: %v", err)
 	}
 	var local atomic.Bool
 	wakers := []struct {
-		name  string
-		wake  func()
-		ready func() bool
+		name string
+		wake func()
 	}{
-		{"second ring", func() { p2.Write(0, []byte("x"), time.Time{}) }, nil},
-		{"first ring", func() { p1.Write(0, []byte("y"), time.Time{}) }, nil},
-		{"bell", func() { local.Store(true); w.Ring() }, local.Load},
-		{"close", func() { p1.Close() }, nil},
+		{"second ring", func() { p2.Write(0, []byte("x"), time.Time{}) }},
+		{"first ring", func() { p1.Write(0, []byte("y"), time.Time{}) }},
+		{"bell", func() { local.Store(true); w.Ring() }},
+		{"close", func() { p1.Close() }},
 	}
+	ready := func() bool { return local.Load() || c1.Pending() || c2.Pending() }
 	for _, wk := range wakers {
 		t.Run(wk.name, func(t *testing.T) {
 			done := make(chan error, 1)
 			go func() {
 				for {
 					// Return once something is pending.
-					if (wk.ready != nil && wk.ready()) || c1.pending() || c2.pending() {
+					if ready() {
 						done <- nil
 						return
 					}
-					if err := w.Wait(wk.ready, time.Now().Add(20*time.Second)); err != nil {
+					if err := w.Wait(ready, time.Now().Add(20*time.Second)); err != nil {
 						done <- err
 						return
 					}

@@ -298,3 +298,9 @@ func UnixPair() (*os.File, *os.File, error) {
 	}
 	return os.NewFile(uintptr(fds[0]), "unixpair-0"), os.NewFile(uintptr(fds[1]), "unixpair-1"), nil
 }
+
+// MapSharedReadOnly maps length bytes of fd read-only and MAP_SHARED,
+// pre-faulted: for tables a peer writes and this process only reads.
+func MapSharedReadOnly(fd int, length int) ([]byte, error) {
+	return unix.Mmap(fd, 0, length, unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+}

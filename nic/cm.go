@@ -1,0 +1,486 @@
+package nic
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/shm"
+)
+
+// Connection manager. A connection is a SOCK_SEQPACKET Unix socket (a path,
+// or "@name" for the abstract namespace) that lives as long as the queue
+// pair: the handshake passes the shared segments over it (SCM_RIGHTS),
+// later messages announce new memory segments, and its hang-up tells the
+// survivor that the peer is gone. docs/nic.md describes the messages.
+
+const (
+	cmMagic      = 0x4d434453 // "SDCM"
+	cmVersion    = 1
+	cmHelloSize  = 32
+	cmMaxReason  = 200
+	cmFlagRead   = 1 << 0
+	cmFlagReject = 1 << 31
+
+	cmSegAdd  = 1
+	cmMsgSize = 8
+)
+
+// hello is the handshake message, both ways.
+type hello struct {
+	minVer, maxVer uint16
+	flags          uint32
+	maxInline      uint32
+	maxRegions     uint32
+	ringCapacity   uint32 // the dialer's queue pair segment; 0 in the reply
+	maxSend        uint32
+	reason         string // a reject's reason
+}
+
+func (h *hello) marshal() []byte {
+	b := make([]byte, cmHelloSize, cmHelloSize+len(h.reason))
+	binary.LittleEndian.PutUint32(b[0:], cmMagic)
+	binary.LittleEndian.PutUint16(b[4:], h.minVer)
+	binary.LittleEndian.PutUint16(b[6:], h.maxVer)
+	binary.LittleEndian.PutUint32(b[8:], h.flags)
+	binary.LittleEndian.PutUint32(b[12:], h.maxInline)
+	binary.LittleEndian.PutUint32(b[16:], h.maxRegions)
+	binary.LittleEndian.PutUint32(b[20:], h.ringCapacity)
+	binary.LittleEndian.PutUint32(b[24:], h.maxSend)
+	return append(b, h.reason...)
+}
+
+// parseHello decodes and validates a handshake message from a peer.
+func parseHello(b []byte) (hello, error) {
+	var h hello
+	if len(b) < cmHelloSize || len(b) > cmHelloSize+cmMaxReason {
+		return h, fmt.Errorf("%w: handshake of %d bytes", ErrProtocol, len(b))
+	}
+	if m := binary.LittleEndian.Uint32(b[0:]); m != cmMagic {
+		return h, fmt.Errorf("%w: handshake magic %#x", ErrProtocol, m)
+	}
+	h.minVer = binary.LittleEndian.Uint16(b[4:])
+	h.maxVer = binary.LittleEndian.Uint16(b[6:])
+	h.flags = binary.LittleEndian.Uint32(b[8:])
+	h.maxInline = binary.LittleEndian.Uint32(b[12:])
+	h.maxRegions = binary.LittleEndian.Uint32(b[16:])
+	h.ringCapacity = binary.LittleEndian.Uint32(b[20:])
+	h.maxSend = binary.LittleEndian.Uint32(b[24:])
+	if r := binary.LittleEndian.Uint32(b[28:]); r != 0 {
+		return h, fmt.Errorf("%w: reserved handshake word %#x", ErrProtocol, r)
+	}
+	h.reason = string(b[cmHelloSize:])
+	if h.flags&cmFlagReject != 0 {
+		return h, nil
+	}
+	switch {
+	case h.minVer == 0 || h.minVer > h.maxVer:
+		return h, fmt.Errorf("%w: versions [%d, %d]", ErrProtocol, h.minVer, h.maxVer)
+	case h.flags&^cmFlagRead != 0:
+		return h, fmt.Errorf("%w: unknown flags %#x", ErrProtocol, h.flags)
+	case h.maxRegions == 0 || h.maxRegions > maxRegEntries:
+		return h, fmt.Errorf("%w: %d regions", ErrProtocol, h.maxRegions)
+	case h.maxSend > shm.MaxRingCapacity || h.maxInline > h.maxSend:
+		return h, fmt.Errorf("%w: max send %d, inline %d", ErrProtocol, h.maxSend, h.maxInline)
+	case h.ringCapacity != 0 && (h.ringCapacity < shm.MinRingCapacity || h.ringCapacity > shm.MaxRingCapacity || h.ringCapacity&(h.ringCapacity-1) != 0):
+		return h, fmt.Errorf("%w: ring capacity %d", ErrProtocol, h.ringCapacity)
+	}
+	return h, nil
+}
+
+// negotiate picks the highest version both sides speak.
+func negotiate(h hello) (uint16, error) {
+	v := min(h.maxVer, cmVersion)
+	if v < max(h.minVer, cmVersion) {
+		return 0, fmt.Errorf("%w: peer speaks versions [%d, %d], we speak [%d, %d]", ErrRefused, h.minVer, h.maxVer, cmVersion, cmVersion)
+	}
+	return v, nil
+}
+
+func (d *Device) hello(ringCapacity int) hello {
+	h := hello{
+		minVer:       cmVersion,
+		maxVer:       cmVersion,
+		maxInline:    uint32(d.attr.MaxInline),
+		maxRegions:   uint32(d.attr.MaxRegions),
+		ringCapacity: uint32(ringCapacity),
+		maxSend:      uint32(d.attr.MaxSend),
+	}
+	if d.attr.RDMARead {
+		h.flags |= cmFlagRead
+	}
+	return h
+}
+
+func (h hello) attr() Attr {
+	return Attr{
+		RDMARead:   h.flags&cmFlagRead != 0,
+		MaxInline:  int(h.maxInline),
+		MaxRegions: int(h.maxRegions),
+		MaxSend:    int(h.maxSend),
+	}
+}
+
+// QPOptions configures a queue pair at connect.
+type QPOptions struct {
+	SendCQ, RecvCQ *CompletionQueue // required
+	// Timeout bounds the handshake; zero means 10 s.
+	Timeout time.Duration
+}
+
+func (o *QPOptions) check() error {
+	if o.SendCQ == nil || o.RecvCQ == nil {
+		return errors.New("nic: QPOptions needs a send and a receive CQ")
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Second
+	}
+	return nil
+}
+
+// Listener accepts queue-pair connections on a Unix socket.
+type Listener struct {
+	d  *Device
+	ln *net.UnixListener
+}
+
+// Listen listens on a Unix socket path, or on an abstract name written as
+// "@name".
+func (d *Device) Listen(addr string) (*Listener, error) {
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: addr, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("nic: listen: %w", err)
+	}
+	return &Listener{d: d, ln: ln}, nil
+}
+
+// Addr returns the listener's address.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// Close stops listening.
+func (l *Listener) Close() error { return l.ln.Close() }
+
+// Accept waits for a connection and completes its handshake. A peer that
+// fails the policy or the handshake is refused and Accept returns an error
+// matching ErrRefused or ErrProtocol; the listener keeps working.
+func (l *Listener) Accept(opts QPOptions) (*QueuePair, error) {
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	conn, err := l.ln.AcceptUnix()
+	if err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			return nil, fmt.Errorf("nic: accept: %w", ErrClosed)
+		}
+		return nil, fmt.Errorf("nic: accept: %w", err)
+	}
+	qp, err := l.d.accept(conn, opts)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return qp, nil
+}
+
+func (d *Device) checkPeer(conn *net.UnixConn) (pid int, uid uint32, err error) {
+	p, u, _, err := sys.PeerCred(conn)
+	if err != nil {
+		return 0, 0, fmt.Errorf("nic: peer credentials: %w", err)
+	}
+	if u != uint32(os.Getuid()) && !slices.Contains(d.cfg.AllowUIDs, u) {
+		return 0, 0, fmt.Errorf("%w: peer pid %d runs as uid %d, not allowed", ErrRefused, p, u)
+	}
+	return int(p), u, nil
+}
+
+func reject(conn *net.UnixConn, reason error) {
+	msg := reason.Error()
+	if len(msg) > cmMaxReason {
+		msg = msg[:cmMaxReason]
+	}
+	h := hello{flags: cmFlagReject, reason: msg}
+	conn.Write(h.marshal())
+}
+
+func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
+	conn.SetDeadline(time.Now().Add(opts.Timeout))
+	pid, uid, err := d.checkPeer(conn)
+	if err != nil {
+		reject(conn, err)
+		return nil, err
+	}
+	buf := make([]byte, cmHelloSize+cmMaxReason+1)
+	n, fds, err := sys.RecvFds(conn, buf, 4)
+	if err != nil {
+		return nil, fmt.Errorf("%w: handshake: %v", ErrProtocol, err)
+	}
+	h, err := parseHello(buf[:n])
+	if err == nil && (len(fds) != 2 || h.ringCapacity == 0 || h.flags&cmFlagReject != 0) {
+		err = fmt.Errorf("%w: hello with %d fds, ring capacity %d", ErrProtocol, len(fds), h.ringCapacity)
+	}
+	if err == nil {
+		_, err = negotiate(h)
+	}
+	if err != nil {
+		sys.CloseAll(fds)
+		reject(conn, err)
+		return nil, err
+	}
+	qp, err := d.newQP(conn, opts, false, fds[0], fds[1], int(h.ringCapacity))
+	if err != nil {
+		reject(conn, err)
+		return nil, err
+	}
+	qp.peer.pid, qp.peer.uid, qp.peer.attr = pid, uid, h.attr()
+	reply := d.hello(0)
+	if err := sys.SendFds(conn, reply.marshal(), d.regSeg.Fd()); err != nil {
+		qp.Close()
+		return nil, fmt.Errorf("nic: handshake reply: %w", err)
+	}
+	conn.SetDeadline(time.Time{})
+	d.start(qp)
+	return qp, nil
+}
+
+// Dial connects a queue pair to the listener at addr.
+func (d *Device) Dial(addr string, opts QPOptions) (*QueuePair, error) {
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: addr, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("nic: dial %s: %w", addr, err)
+	}
+	qp, err := d.dial(conn, opts)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return qp, nil
+}
+
+func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
+	conn.SetDeadline(time.Now().Add(opts.Timeout))
+	pid, uid, err := d.checkPeer(conn)
+	if err != nil {
+		return nil, err
+	}
+	capacity := d.cfg.RingCapacity
+	seg, err := shm.CreateSegment("qp", kindQP, qpSegmentSize(capacity))
+	if err != nil {
+		return nil, err
+	}
+	defer seg.Close() // the queue pair maps its own copy below
+	mem := seg.Bytes()
+	binary.LittleEndian.PutUint32(mem[qpMagicOff:], qpMagic)
+	binary.LittleEndian.PutUint32(mem[qpVersionOff:], qpVersion)
+	binary.LittleEndian.PutUint32(mem[qpCapacityOff:], uint32(capacity))
+	for i := range 2 {
+		r, err := seg.Region(qpRingsOff+i*shm.RingSize(capacity), shm.RingSize(capacity))
+		if err != nil {
+			return nil, err
+		}
+		if err := shm.InitRing(r, capacity); err != nil {
+			return nil, err
+		}
+	}
+	h := d.hello(capacity)
+	if err := sys.SendFds(conn, h.marshal(), seg.Fd(), d.regSeg.Fd()); err != nil {
+		return nil, fmt.Errorf("nic: handshake: %w", err)
+	}
+	buf := make([]byte, cmHelloSize+cmMaxReason+1)
+	n, fds, err := sys.RecvFds(conn, buf, 4)
+	if err != nil {
+		return nil, fmt.Errorf("%w: handshake reply: %v", ErrProtocol, err)
+	}
+	r, err := parseHello(buf[:n])
+	if err == nil && r.flags&cmFlagReject != 0 {
+		err = fmt.Errorf("%w by peer: %s", ErrRefused, r.reason)
+	}
+	if err == nil && len(fds) != 1 {
+		err = fmt.Errorf("%w: reply with %d fds", ErrProtocol, len(fds))
+	}
+	if err == nil {
+		_, err = negotiate(r)
+	}
+	if err != nil {
+		sys.CloseAll(fds)
+		return nil, err
+	}
+	qpFd, err := sys.Dup(seg.Fd())
+	if err != nil {
+		sys.CloseAll(fds)
+		return nil, err
+	}
+	qp, err := d.newQP(conn, opts, true, qpFd, fds[0], capacity)
+	if err != nil {
+		return nil, err
+	}
+	qp.peer.pid, qp.peer.uid, qp.peer.attr = pid, uid, r.attr()
+	conn.SetDeadline(time.Time{})
+	d.start(qp)
+	return qp, nil
+}
+
+// newQP maps the queue pair segment and the peer's registration table
+// (taking ownership of both fds) and attaches to the rings.
+func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, tableFd, capacity int) (*QueuePair, error) {
+	tseg, err := shm.OpenSegmentReadOnly(tableFd, kindRegTable, regEntriesStart)
+	if err != nil {
+		sys.Close(qpFd)
+		return nil, fmt.Errorf("%w: peer registration table: %v", ErrProtocol, err)
+	}
+	table, err := validateTable(tseg)
+	if err != nil {
+		sys.Close(qpFd)
+		tseg.Close()
+		return nil, err
+	}
+	seg, err := shm.OpenSegment(qpFd, kindQP, qpSegmentSize(capacity))
+	if err != nil {
+		tseg.Close()
+		return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
+	}
+	fail := func(err error) (*QueuePair, error) {
+		seg.Close()
+		tseg.Close()
+		return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
+	}
+	mem := seg.Bytes()
+	if m, v, c := shm.LoadUint32(mem, qpMagicOff), shm.LoadUint32(mem, qpVersionOff), shm.LoadUint32(mem, qpCapacityOff); m != qpMagic || v != qpVersion || int(c) != capacity {
+		return fail(fmt.Errorf("header magic %#x version %d capacity %d", m, v, c))
+	}
+	r0, err0 := seg.Region(qpRingsOff, shm.RingSize(capacity))
+	r1, err1 := seg.Region(qpRingsOff+shm.RingSize(capacity), shm.RingSize(capacity))
+	if err := errors.Join(err0, err1); err != nil {
+		return fail(err)
+	}
+	outR, inR := r1, r0
+	if dialer {
+		outR, inR = r0, r1
+	}
+	out, err := shm.NewProducer(outR, d.cfg.Wait)
+	if err != nil {
+		return fail(err)
+	}
+	in, err := shm.NewConsumer(inR, d.cfg.Wait)
+	if err != nil {
+		return fail(err)
+	}
+	qp := &QueuePair{
+		dev:        d,
+		sendCQ:     opts.SendCQ,
+		recvCQ:     opts.RecvCQ,
+		conn:       conn,
+		seg:        seg,
+		out:        out,
+		in:         in,
+		readerDone: make(chan struct{}),
+	}
+	qp.peer.table = table
+	qp.peer.tableSeg = tseg
+	qp.peer.segs = map[uint32]*shm.Segment{}
+	qp.peer.segChanged = make(chan struct{})
+	return qp, nil
+}
+
+func validateTable(seg *shm.Segment) (peerTable, error) {
+	mem := seg.Bytes()
+	magic := shm.LoadUint32(mem, regMagicOff)
+	version := shm.LoadUint32(mem, regVersionOff)
+	entries := shm.LoadUint32(mem, regEntriesOff)
+	size := shm.LoadUint32(mem, regEntrySizeOff)
+	switch {
+	case magic != regMagic || version != regVersion || size != entrySize:
+		return peerTable{}, fmt.Errorf("%w: registration table magic %#x version %d entry size %d", ErrProtocol, magic, version, size)
+	case entries == 0 || entries > maxRegEntries || regTableSize(int(entries)) > len(mem):
+		return peerTable{}, fmt.Errorf("%w: registration table of %d entries in %d bytes", ErrProtocol, entries, len(mem))
+	}
+	return peerTable{mem: mem, entries: int(entries)}, nil
+}
+
+// start makes a connected queue pair live: ready state, receive CQ, reader
+// of the connection socket, and the announcement of our memory segments.
+func (d *Device) start(qp *QueuePair) {
+	qp.state.Store(uint32(QPReady))
+	qp.recvCQ.attach(qp)
+	d.mu.Lock()
+	closed := d.closed
+	if !closed {
+		d.qps[qp] = struct{}{}
+	}
+	segs := make([]*memSegment, 0, len(d.memSegs))
+	for _, ms := range d.memSegs {
+		segs = append(segs, ms)
+	}
+	d.mu.Unlock()
+	qp.started.Store(true)
+	go qp.readConn()
+	if closed {
+		qp.Close()
+		return
+	}
+	for _, ms := range segs {
+		qp.announceSegment(ms)
+	}
+}
+
+// announceSegment sends one of our memory segments to the peer.
+func (qp *QueuePair) announceSegment(ms *memSegment) {
+	var msg [cmMsgSize]byte
+	binary.LittleEndian.PutUint32(msg[0:], cmSegAdd)
+	binary.LittleEndian.PutUint32(msg[4:], ms.idx)
+	qp.connMu.Lock()
+	defer qp.connMu.Unlock()
+	// A failure means the connection is gone; the reader reports that.
+	sys.SendFds(qp.conn, msg[:], ms.seg.Fd())
+}
+
+// readConn serves the connection socket until it hangs up, then fails the
+// queue pair: the peer closed it or died.
+func (qp *QueuePair) readConn() {
+	defer close(qp.readerDone)
+	reason := ErrPeerGone
+	buf := make([]byte, cmMsgSize+1)
+	for {
+		n, fds, err := sys.RecvFds(qp.conn, buf, 2)
+		if err != nil || n == 0 {
+			sys.CloseAll(fds)
+			break
+		}
+		if n != cmMsgSize || binary.LittleEndian.Uint32(buf) != cmSegAdd || len(fds) != 1 {
+			sys.CloseAll(fds)
+			reason = fmt.Errorf("%w: control message of %d bytes with %d fds", ErrProtocol, n, len(fds))
+			break
+		}
+		idx := binary.LittleEndian.Uint32(buf[4:])
+		seg, err := shm.OpenSegment(fds[0], kindMemory, memDataOff+1)
+		if err != nil {
+			reason = fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, idx, err)
+			break
+		}
+		qp.peer.segMu.Lock()
+		if qp.peer.segs == nil || qp.peer.segs[idx] != nil {
+			seg.Close() // closing, or announced twice
+		} else {
+			qp.peer.segs[idx] = seg
+			close(qp.peer.segChanged)
+			qp.peer.segChanged = make(chan struct{})
+		}
+		qp.peer.segMu.Unlock()
+	}
+	qp.peer.segMu.Lock()
+	if qp.peer.segChanged != nil {
+		close(qp.peer.segChanged)
+		qp.peer.segChanged = nil
+	}
+	qp.peer.segMu.Unlock()
+	if qp.setError(reason) {
+		qp.flush()
+	}
+}

@@ -1,0 +1,264 @@
+package nic
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/shm"
+)
+
+// Config configures a Device. The zero value means DefaultConfig.
+type Config struct {
+	// RDMARead says whether this device serves RDMA Read. A device without
+	// it refuses RDMA Reads it initiates; peers learn it at connect and
+	// pick the write rendezvous.
+	RDMARead bool
+	// MaxInline is the largest send whose data is copied at post time.
+	MaxInline int
+	// MaxRegions bounds the registration table.
+	MaxRegions int
+	// RingCapacity is each direction's ring size on a queue pair; a send
+	// carries at most RingCapacity/2-16 bytes.
+	RingCapacity int
+	// SendDepth and RecvDepth bound outstanding work requests per queue pair.
+	SendDepth, RecvDepth int
+	// InlineExec is the largest RDMA operation the posting goroutine
+	// executes itself when nothing is queued ahead of it.
+	InlineExec int
+	// Chunk is how many bytes the engine moves for one work request
+	// before it turns to the next queue pair.
+	Chunk int
+	// RNRTimeout bounds how long a send waits for room in the peer's ring.
+	RNRTimeout time.Duration
+	// Wait configures how completion queues wait.
+	Wait shm.WaitConfig
+	// AllowUIDs lists peer uids allowed besides our own.
+	AllowUIDs []uint32
+}
+
+// DefaultConfig returns the defaults: RDMA Read supported, 256 B inline,
+// 4096 regions, 256 KiB rings (128 KiB largest send), 64 KiB inline
+// execution, 256 KiB chunks, 1 s RNR timeout, adaptive waiting.
+func DefaultConfig() Config {
+	return Config{
+		RDMARead:     true,
+		MaxInline:    256,
+		MaxRegions:   4096,
+		RingCapacity: 256 << 10,
+		SendDepth:    1024,
+		RecvDepth:    1024,
+		InlineExec:   64 << 10,
+		Chunk:        256 << 10,
+		RNRTimeout:   time.Second,
+		Wait:         shm.DefaultWaitConfig(),
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.MaxInline < 0 || c.MaxInline > c.RingCapacity/2-16:
+		return fmt.Errorf("nic: MaxInline %d outside [0, %d]", c.MaxInline, c.RingCapacity/2-16)
+	case c.MaxRegions < 1 || c.MaxRegions > maxRegEntries:
+		return fmt.Errorf("nic: MaxRegions %d outside [1, %d]", c.MaxRegions, maxRegEntries)
+	case c.RingCapacity < shm.MinRingCapacity || c.RingCapacity > shm.MaxRingCapacity || c.RingCapacity&(c.RingCapacity-1) != 0:
+		return fmt.Errorf("nic: RingCapacity %d is not a power of two in [%d, %d]", c.RingCapacity, shm.MinRingCapacity, shm.MaxRingCapacity)
+	case c.SendDepth < 1 || c.RecvDepth < 1:
+		return fmt.Errorf("nic: queue depths must be positive")
+	case c.InlineExec < 0 || c.Chunk < 4096:
+		return fmt.Errorf("nic: InlineExec must be ≥ 0 and Chunk ≥ 4096")
+	case c.RNRTimeout <= 0:
+		return fmt.Errorf("nic: RNRTimeout must be positive")
+	}
+	return c.Wait.Validate()
+}
+
+// Attr describes a device, as its peers learn it at connect.
+type Attr struct {
+	RDMARead   bool
+	MaxInline  int
+	MaxRegions int
+	MaxSend    int // largest send payload
+}
+
+// Device is this process's emulated NIC. It is safe for concurrent use.
+type Device struct {
+	cfg  Config
+	attr Attr
+
+	regSeg *shm.Segment // registration table, shared read-only with peers
+
+	mu      sync.Mutex // guards regs, free, memSegs, qps, closed; before QP and CQ locks
+	regs    []*MemoryRegion
+	free    []int // free table indices
+	memSegs map[uint32]*memSegment
+	nextSeg uint32
+	qps     map[*QueuePair]struct{}
+	closed  bool
+
+	eng *engine
+
+	stats DeviceStats
+}
+
+type memSegment struct {
+	idx uint32
+	seg *shm.Segment
+	buf []byte
+}
+
+// DeviceStats counts a device's work. Fields are updated atomically.
+type DeviceStats struct {
+	Sends, Recvs, Writes, Reads atomic.Uint64
+	BytesSent, BytesReceived    atomic.Uint64
+	BytesWritten, BytesRead     atomic.Uint64
+	Errors, RNRRetries          atomic.Uint64
+	InlineExecs, EngineExecs    atomic.Uint64
+}
+
+// Open creates a device.
+func Open(cfg *Config) (*Device, error) {
+	c := DefaultConfig()
+	if cfg != nil {
+		c = *cfg
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	seg, err := shm.CreateSegment("regtable", kindRegTable, regTableSize(c.MaxRegions))
+	if err != nil {
+		return nil, err
+	}
+	mem := seg.Bytes()
+	binary.LittleEndian.PutUint32(mem[regMagicOff:], regMagic)
+	binary.LittleEndian.PutUint32(mem[regVersionOff:], regVersion)
+	binary.LittleEndian.PutUint32(mem[regEntriesOff:], uint32(c.MaxRegions))
+	binary.LittleEndian.PutUint32(mem[regEntrySizeOff:], entrySize)
+	d := &Device{
+		cfg: c,
+		attr: Attr{
+			RDMARead:   c.RDMARead,
+			MaxInline:  c.MaxInline,
+			MaxRegions: c.MaxRegions,
+			MaxSend:    c.RingCapacity/2 - 16,
+		},
+		regSeg:  seg,
+		regs:    make([]*MemoryRegion, c.MaxRegions),
+		memSegs: map[uint32]*memSegment{},
+		qps:     map[*QueuePair]struct{}{},
+	}
+	for i := c.MaxRegions - 1; i >= 0; i-- {
+		d.free = append(d.free, i)
+	}
+	d.eng = newEngine(d)
+	return d, nil
+}
+
+// Attr returns the device's attributes.
+func (d *Device) Attr() Attr { return d.attr }
+
+// Config returns the device's configuration.
+func (d *Device) Config() Config { return d.cfg }
+
+// Stats returns the device's counters.
+func (d *Device) Stats() *DeviceStats { return &d.stats }
+
+// Close closes every queue pair of the device, stops its engine and releases
+// its memory. Buffers from Alloc must not be used afterwards.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	qps := make([]*QueuePair, 0, len(d.qps))
+	for qp := range d.qps {
+		qps = append(qps, qp)
+	}
+	d.mu.Unlock()
+	for _, qp := range qps {
+		qp.Close()
+	}
+	d.eng.stop()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, ms := range d.memSegs {
+		ms.seg.Close()
+	}
+	d.memSegs = nil
+	return d.regSeg.Close()
+}
+
+// Alloc returns n bytes of device memory: a page-aligned buffer in a shared
+// segment that every connected peer maps, so RDMA on it is a plain copy
+// (the fast path). Free it with Free.
+func (d *Device) Alloc(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("nic: Alloc of %d bytes", n)
+	}
+	seg, err := shm.CreateSegment("mem", kindMemory, memDataOff+n)
+	if err != nil {
+		return nil, err
+	}
+	buf := seg.Bytes()[memDataOff : memDataOff+n : memDataOff+n]
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		seg.Close()
+		return nil, ErrClosed
+	}
+	ms := &memSegment{idx: d.nextSeg, seg: seg, buf: buf}
+	d.nextSeg++
+	d.memSegs[ms.idx] = ms
+	qps := make([]*QueuePair, 0, len(d.qps))
+	for qp := range d.qps {
+		qps = append(qps, qp)
+	}
+	d.mu.Unlock()
+	for _, qp := range qps {
+		qp.announceSegment(ms)
+	}
+	return buf, nil
+}
+
+// Free releases device memory from Alloc. Regions registered on it must be
+// deregistered first.
+func (d *Device) Free(buf []byte) error {
+	ms := d.segmentOf(buf)
+	if ms == nil || mem.Addr(ms.buf) != mem.Addr(buf) {
+		return fmt.Errorf("nic: Free of memory not from Alloc")
+	}
+	d.mu.Lock()
+	delete(d.memSegs, ms.idx)
+	d.mu.Unlock()
+	// Peers keep their mapping until their queue pair closes: their copies
+	// then land in pages nobody else reads, never in our address space.
+	return ms.seg.Close()
+}
+
+// segmentOf returns the memory segment that holds all of buf, or nil.
+func (d *Device) segmentOf(buf []byte) *memSegment {
+	if len(buf) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, ms := range d.memSegs {
+		if mem.Within(buf, ms.buf) {
+			return ms
+		}
+	}
+	return nil
+}
+
+func randomBits() uint64 {
+	var b [8]byte
+	rand.Read(b[:]) // never fails (getrandom); documented since Go 1.24
+	return binary.LittleEndian.Uint64(b[:])
+}

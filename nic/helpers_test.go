@@ -1,0 +1,100 @@
+package nic
+
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var addrSeq atomic.Int64
+
+// testAddr returns a fresh abstract socket name.
+func testAddr() string {
+	return fmt.Sprintf("@sandirect-test-%d-%d", os.Getpid(), addrSeq.Add(1))
+}
+
+// end is one side of a connection: a device, its CQs and its queue pair.
+type end struct {
+	d      *Device
+	scq    *CompletionQueue
+	rcq    *CompletionQueue
+	qp     *QueuePair
+	closed bool
+}
+
+func openDevice(t testing.TB, cfg *Config) *Device {
+	t.Helper()
+	d, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// pair connects two devices of this process.
+func pair(t testing.TB, cfgA, cfgB *Config) (a, b *end) {
+	t.Helper()
+	a = &end{d: openDevice(t, cfgA)}
+	b = &end{d: openDevice(t, cfgB)}
+	for _, e := range []*end{a, b} {
+		e.scq, e.rcq = e.d.NewCQ(), e.d.NewCQ()
+	}
+	ln, err := b.d.Listen(testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		var err error
+		b.qp, err = ln.Accept(QPOptions{SendCQ: b.scq, RecvCQ: b.rcq})
+		accepted <- err
+	}()
+	a.qp, err = a.d.Dial(ln.Addr().String(), QPOptions{SendCQ: a.scq, RecvCQ: a.rcq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-accepted; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.qp.Close(); b.qp.Close() })
+	return a, b
+}
+
+// wait returns the next completion of cq, failing the test after 10 s.
+func wait(t testing.TB, cq *CompletionQueue) Completion {
+	t.Helper()
+	var c [1]Completion
+	n, err := cq.Wait(c[:], time.Now().Add(10*time.Second))
+	if err != nil || n != 1 {
+		t.Fatalf("no completion: %d, %v", n, err)
+	}
+	return c[0]
+}
+
+func register(t testing.TB, d *Device, buf []byte, access Access) *MemoryRegion {
+	t.Helper()
+	var mr *MemoryRegion
+	var err error
+	if access&remoteAccess != 0 {
+		mr, err = d.RegisterRemote(buf, access)
+	} else {
+		mr, err = d.Register(buf, access)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mr
+}
+
+func alloc(t testing.TB, d *Device, n int) []byte {
+	t.Helper()
+	b, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -1,0 +1,204 @@
+package nic
+
+import (
+	"fmt"
+	"syscall"
+
+	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/shm"
+)
+
+// Access flags of a memory region.
+type Access uint32
+
+const (
+	AccessLocalWrite  Access = 1 << iota // RDMA Read and receives may write it
+	AccessRemoteRead                     // peers may RDMA Read it
+	AccessRemoteWrite                    // peers may RDMA Write it
+)
+
+const remoteAccess = AccessRemoteRead | AccessRemoteWrite
+
+// MemoryRegion is a registered buffer. Its fields do not change; after
+// Deregister it must not be used.
+type MemoryRegion struct {
+	Addr   uintptr
+	Len    int
+	Access Access
+	LKey   uint32 // names the region in local work requests
+	RKey   uint64 // names it in peers' one-sided requests; 0 unless exposed
+
+	buf []byte // keeps Go memory alive while registered
+	idx int
+	seg uint32
+	off uint64
+}
+
+// Buf returns the registered buffer.
+func (mr *MemoryRegion) Buf() []byte { return mr.buf }
+
+// Register registers buf for local access: as the source of sends and RDMA
+// Writes, and with AccessLocalWrite as the target of receives and RDMA
+// Reads (the seed's WSPRegisterMemory).
+func (d *Device) Register(buf []byte, access Access) (*MemoryRegion, error) {
+	if access&remoteAccess != 0 {
+		return nil, fmt.Errorf("nic: Register with remote access: use RegisterRemote")
+	}
+	return d.register(buf, access)
+}
+
+// RegisterRemote registers buf and exposes it to peers with a fresh,
+// unpredictable rkey (the seed's WSPRegisterRdmaMemory).
+func (d *Device) RegisterRemote(buf []byte, access Access) (*MemoryRegion, error) {
+	if access&remoteAccess == 0 {
+		return nil, fmt.Errorf("nic: RegisterRemote without remote access")
+	}
+	return d.register(buf, access)
+}
+
+// Deregister releases a region from Register or RegisterRemote; a remote
+// region's rkey stops working before Deregister returns (the seed's
+// WSPDeregisterMemory and WSPDeregisterRdmaMemory).
+func (d *Device) Deregister(mr *MemoryRegion) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if mr.idx < 0 || mr.idx >= len(d.regs) || d.regs[mr.idx] != mr {
+		return fmt.Errorf("%w: region not registered", ErrBadKey)
+	}
+	d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0)
+	d.regs[mr.idx] = nil
+	d.free = append(d.free, mr.idx)
+	return nil
+}
+
+func (d *Device) register(buf []byte, access Access) (*MemoryRegion, error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("nic: register of an empty buffer")
+	}
+	mr := &MemoryRegion{
+		Addr:   mem.Addr(buf),
+		Len:    len(buf),
+		Access: access,
+		buf:    buf,
+		seg:    noSegment,
+	}
+	if ms := d.segmentOf(buf); ms != nil {
+		mr.seg = ms.idx
+		mr.off = uint64(mem.Offset(buf, ms.seg.Bytes()))
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if len(d.free) == 0 {
+		return nil, fmt.Errorf("nic: registration table full (%d regions): %w", len(d.regs), syscall.ENOBUFS)
+	}
+	mr.idx = d.free[len(d.free)-1]
+	d.free = d.free[:len(d.free)-1]
+	mr.LKey = uint32(mr.idx) + 1
+	if access&remoteAccess != 0 {
+		mr.RKey = randomBits()<<rkeyIndexBits | uint64(mr.idx)
+		if mr.RKey>>rkeyIndexBits == 0 {
+			mr.RKey |= 1 << rkeyIndexBits // never 0
+		}
+	}
+	d.regs[mr.idx] = mr
+	d.writeEntry(mr.idx, mr.RKey, uint64(mr.Addr), uint64(mr.Len), uint32(access&remoteAccess), mr.seg, mr.off)
+	return mr, nil
+}
+
+// writeEntry rewrites table entry i under its sequence lock. The caller
+// holds d.mu, which serializes writers.
+func (d *Device) writeEntry(i int, rkey, addr, length uint64, access, seg uint32, segOff uint64) {
+	e := d.regSeg.Bytes()[regEntriesStart+i*entrySize : regEntriesStart+(i+1)*entrySize]
+	s := shm.LoadUint64(e, entSeqOff)
+	shm.StoreUint64(e, entSeqOff, s+1) // publishes: the entry is changing; readers retry
+	shm.StoreUint64(e, entRKeyOff, rkey)
+	shm.StoreUint64(e, entAddrOff, addr)
+	shm.StoreUint64(e, entLenOff, length)
+	shm.StoreUint32(e, entAccessOff, access)
+	shm.StoreUint32(e, entSegOff, seg)
+	shm.StoreUint64(e, entSegOffOff, segOff)
+	shm.StoreUint64(e, entSeqOff, s+2) // publishes: the entry is stable again
+}
+
+// localRegion checks that buf lies inside the region named by lkey and that
+// the region allows need, and returns it.
+func (d *Device) localRegion(lkey uint32, buf []byte, need Access) (*MemoryRegion, error) {
+	d.mu.Lock()
+	var mr *MemoryRegion
+	if i := int(lkey) - 1; i >= 0 && i < len(d.regs) {
+		mr = d.regs[i]
+	}
+	d.mu.Unlock()
+	if mr == nil {
+		return nil, fmt.Errorf("%w: lkey %#x names no region", ErrBadKey, lkey)
+	}
+	if len(buf) > 0 && !mem.Within(buf, mr.buf) {
+		return nil, fmt.Errorf("%w: buffer outside region of lkey %#x", ErrBadKey, lkey)
+	}
+	if mr.Access&need != need {
+		return nil, fmt.Errorf("%w: region of lkey %#x lacks access %#x", ErrBadKey, lkey, need)
+	}
+	return mr, nil
+}
+
+// remoteEntry is a validated copy of a peer's registration table entry.
+type remoteEntry struct {
+	addr, length uint64
+	access       uint32
+	seg          uint32
+	segOff       uint64
+	seq          uint64
+}
+
+// peerTable is a peer's registration table, mapped read-only.
+type peerTable struct {
+	mem     []byte
+	entries int
+}
+
+// lookup finds the live entry for rkey and checks that [addr, addr+n)
+// lies in it and that it grants need. It never trusts a field it has not
+// validated: the peer writes this memory.
+func (t *peerTable) lookup(rkey, addr, n uint64, need Access) (remoteEntry, error) {
+	idx := int(rkey & (maxRegEntries - 1))
+	if rkey == 0 || idx >= t.entries {
+		return remoteEntry{}, fmt.Errorf("rkey %#x out of table", rkey)
+	}
+	e := t.mem[regEntriesStart+idx*entrySize : regEntriesStart+(idx+1)*entrySize]
+	for tries := 0; ; tries++ {
+		s1 := shm.LoadUint64(e, entSeqOff)
+		var r remoteEntry
+		k := shm.LoadUint64(e, entRKeyOff)
+		r.addr = shm.LoadUint64(e, entAddrOff)
+		r.length = shm.LoadUint64(e, entLenOff)
+		r.access = shm.LoadUint32(e, entAccessOff)
+		r.seg = shm.LoadUint32(e, entSegOff)
+		r.segOff = shm.LoadUint64(e, entSegOffOff)
+		s2 := shm.LoadUint64(e, entSeqOff)
+		if s1 != s2 || s1&1 != 0 {
+			if tries > 1000 {
+				return remoteEntry{}, fmt.Errorf("rkey %#x: entry never stable", rkey)
+			}
+			continue
+		}
+		r.seq = s1
+		switch {
+		case k != rkey:
+			return remoteEntry{}, fmt.Errorf("rkey %#x revoked or never issued", rkey)
+		case Access(r.access)&need != need:
+			return remoteEntry{}, fmt.Errorf("rkey %#x lacks access %#x", rkey, need)
+		case addr < r.addr || n > r.length || addr-r.addr > r.length-n:
+			return remoteEntry{}, fmt.Errorf("rkey %#x: [%#x, +%d) outside region [%#x, +%d)", rkey, addr, n, r.addr, r.length)
+		}
+		return r, nil
+	}
+}
+
+// stillLive tells whether the entry is unchanged since lookup.
+func (t *peerTable) stillLive(rkey uint64, seq uint64) bool {
+	idx := int(rkey & (maxRegEntries - 1))
+	return shm.LoadUint64(t.mem, regEntriesStart+idx*entrySize+entSeqOff) == seq
+}

@@ -1,0 +1,265 @@
+package nic
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func TestSendRecv(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	rbuf := make([]byte, 4096)
+	rmr := register(t, b.d, rbuf, AccessLocalWrite)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1000)
+	smr := register(t, a.d, big, 0)
+	msgs := [][]byte{[]byte("hello"), {}, bytes.Repeat([]byte{7}, 256), big[:4000]}
+	// Sends before receives are posted wait in the ring.
+	for i, m := range msgs {
+		wr := SendWR{ID: uint64(i), Op: OpSend, Local: m}
+		if len(m) > a.d.Attr().MaxInline {
+			wr.LKey = smr.LKey
+		}
+		if err := a.qp.PostSend(wr); err != nil {
+			t.Fatal(err)
+		}
+		if c := wait(t, a.scq); c.Status != StatusSuccess || c.ID != uint64(i) || c.Bytes != len(m) {
+			t.Fatalf("send completion %+v", c)
+		}
+	}
+	for i, m := range msgs {
+		if err := b.qp.PostRecv(RecvWR{ID: 100 + uint64(i), Buf: rbuf, LKey: rmr.LKey}); err != nil {
+			t.Fatal(err)
+		}
+		c := wait(t, b.rcq)
+		if c.Status != StatusSuccess || c.ID != 100+uint64(i) || c.Op != OpRecv || !bytes.Equal(rbuf[:c.Bytes], m) {
+			t.Fatalf("recv %d: %+v", i, c)
+		}
+	}
+}
+
+func TestRecvTooSmall(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	rbuf := make([]byte, 8)
+	rmr := register(t, b.d, rbuf, AccessLocalWrite)
+	b.qp.PostRecv(RecvWR{ID: 1, Buf: rbuf, LKey: rmr.LKey})
+	b.qp.PostRecv(RecvWR{ID: 2, Buf: rbuf, LKey: rmr.LKey})
+	a.qp.PostSend(SendWR{Op: OpSend, Local: []byte("more than eight")})
+	if c := wait(t, b.rcq); c.Status != StatusLocalLength || c.ID != 1 {
+		t.Fatalf("completion %+v", c)
+	}
+	if c := wait(t, b.rcq); c.Status != StatusFlushed || c.ID != 2 {
+		t.Fatalf("second receive not flushed: %+v", c)
+	}
+	if b.qp.State() != QPError {
+		t.Fatalf("state %v", b.qp.State())
+	}
+	if err := b.qp.PostRecv(RecvWR{Buf: rbuf, LKey: rmr.LKey}); !errors.Is(err, ErrQPState) {
+		t.Fatalf("post on error QP: %v", err)
+	}
+}
+
+// TestRDMA runs RDMA Write and Read of several sizes against device memory
+// (the shared-segment path) and Go memory (the cross-memory path).
+func TestRDMA(t *testing.T) {
+	for _, mem := range []string{"segment", "cma"} {
+		t.Run(mem, func(t *testing.T) {
+			a, b := pair(t, nil, nil)
+			const size = 3<<20 + 123
+			var target []byte
+			if mem == "segment" {
+				target = alloc(t, b.d, size)
+			} else {
+				target = make([]byte, size)
+			}
+			tmr := register(t, b.d, target, AccessRemoteRead|AccessRemoteWrite|AccessLocalWrite)
+			src := make([]byte, size)
+			for i := range src {
+				src[i] = byte(i * 7)
+			}
+			dst := make([]byte, size)
+			smr := register(t, a.d, src, 0)
+			dmr := register(t, a.d, dst, AccessLocalWrite)
+			for _, n := range []int{1, 8, 4096, 100000, size} {
+				off := uint64(size - n)
+				clear(target)
+				if err := a.qp.PostSend(SendWR{ID: 1, Op: OpWrite, Local: src[:n], LKey: smr.LKey, Remote: uint64(tmr.Addr) + off, RKey: tmr.RKey}); err != nil {
+					t.Fatal(err)
+				}
+				if c := wait(t, a.scq); c.Status != StatusSuccess || c.Bytes != n {
+					t.Fatalf("write %d: %+v", n, c)
+				}
+				if !bytes.Equal(target[off:], src[:n]) {
+					t.Fatalf("write %d: target differs", n)
+				}
+				clear(dst)
+				if err := a.qp.PostSend(SendWR{ID: 2, Op: OpRead, Local: dst[:n], LKey: dmr.LKey, Remote: uint64(tmr.Addr) + off, RKey: tmr.RKey}); err != nil {
+					t.Fatal(err)
+				}
+				if c := wait(t, a.scq); c.Status != StatusSuccess || c.Bytes != n {
+					t.Fatalf("read %d: %+v", n, c)
+				}
+				if !bytes.Equal(dst[:n], src[:n]) {
+					t.Fatalf("read %d: data differs", n)
+				}
+			}
+		})
+	}
+}
+
+// TestRemoteAccessErrors checks every protection failure: the operation
+// completes with StatusRemoteAccess, the QP enters the error state, and
+// the guard bytes around the target stay untouched.
+func TestRemoteAccessErrors(t *testing.T) {
+	cases := []struct {
+		name   string
+		access Access
+		mutate func(wr *SendWR, mr *MemoryRegion, d *Device)
+	}{
+		{"wrong rkey", AccessRemoteWrite, func(wr *SendWR, mr *MemoryRegion, d *Device) { wr.RKey ^= 1 << 40 }},
+		{"zero rkey", AccessRemoteWrite, func(wr *SendWR, mr *MemoryRegion, d *Device) { wr.RKey = 0 }},
+		{"index beyond table", AccessRemoteWrite, func(wr *SendWR, mr *MemoryRegion, d *Device) { wr.RKey |= maxRegEntries - 1 }},
+		{"before region", AccessRemoteWrite, func(wr *SendWR, mr *MemoryRegion, d *Device) { wr.Remote-- }},
+		{"past region", AccessRemoteWrite, func(wr *SendWR, mr *MemoryRegion, d *Device) { wr.Remote++ }},
+		{"read-only region", AccessRemoteRead, func(wr *SendWR, mr *MemoryRegion, d *Device) {}},
+		{"revoked", AccessRemoteWrite, func(wr *SendWR, mr *MemoryRegion, d *Device) { d.Deregister(mr) }},
+		{"address wraps", AccessRemoteWrite, func(wr *SendWR, mr *MemoryRegion, d *Device) { wr.Remote = ^uint64(0) - 2 }},
+	}
+	for _, mem := range []string{"segment", "cma"} {
+		for _, c := range cases {
+			t.Run(mem+"/"+c.name, func(t *testing.T) {
+				a, b := pair(t, nil, nil)
+				var area []byte
+				if mem == "segment" {
+					area = alloc(t, b.d, 3*4096)
+				} else {
+					area = make([]byte, 3*4096)
+				}
+				for i := range area {
+					area[i] = 0xee
+				}
+				target := area[4096 : 2*4096]
+				mr := register(t, b.d, target, c.access)
+				src := bytes.Repeat([]byte{1}, 4096)
+				smr := register(t, a.d, src, 0)
+				wr := SendWR{ID: 9, Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(mr.Addr), RKey: mr.RKey}
+				c.mutate(&wr, mr, b.d)
+				if err := a.qp.PostSend(wr); err != nil {
+					t.Fatal(err)
+				}
+				comp := wait(t, a.scq)
+				if comp.Status != StatusRemoteAccess {
+					t.Fatalf("completion %+v, want remote access error", comp)
+				}
+				if a.qp.State() != QPError {
+					t.Fatalf("QP state %v", a.qp.State())
+				}
+				for i, v := range area {
+					if v != 0xee {
+						t.Fatalf("byte %d of the target area written", i)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestNoRDMARead(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.RDMARead = false
+	a, b := pair(t, &cfg, nil)
+	if b.qp.PeerAttr().RDMARead || !a.qp.PeerAttr().RDMARead {
+		t.Fatalf("attributes not exchanged: %+v %+v", a.qp.PeerAttr(), b.qp.PeerAttr())
+	}
+	dst := make([]byte, 64)
+	mr := register(t, a.d, dst, AccessLocalWrite)
+	err := a.qp.PostSend(SendWR{Op: OpRead, Local: dst, LKey: mr.LKey, Remote: 1, RKey: 1})
+	if !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("RDMA Read on a device without it: %v", err)
+	}
+}
+
+func TestLocalKeyChecks(t *testing.T) {
+	a, _ := pair(t, nil, nil)
+	buf := make([]byte, 8192)
+	mr := register(t, a.d, buf[:4096], 0)
+	cases := []SendWR{
+		{Op: OpSend, Local: buf[:1000], LKey: mr.LKey + 1},
+		{Op: OpSend, Local: buf[4000:5000], LKey: mr.LKey},
+		{Op: OpRead, Local: buf[:10], LKey: mr.LKey, RKey: 1}, // no local write
+		{Op: OpRecv},
+	}
+	for i, wr := range cases {
+		if err := a.qp.PostSend(wr); err == nil {
+			t.Errorf("case %d: posted", i)
+		}
+	}
+	if err := a.qp.PostRecv(RecvWR{Buf: buf[:10], LKey: mr.LKey}); !errors.Is(err, ErrBadKey) {
+		t.Errorf("receive into a region without local write: %v", err)
+	}
+}
+
+func TestCloseFlushesPeer(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	rbuf := make([]byte, 64)
+	rmr := register(t, b.d, rbuf, AccessLocalWrite)
+	b.qp.PostRecv(RecvWR{ID: 5, Buf: rbuf, LKey: rmr.LKey})
+	a.qp.Close()
+	c := wait(t, b.rcq)
+	if c.Status != StatusFlushed || c.ID != 5 {
+		t.Fatalf("completion %+v", c)
+	}
+	if !errors.Is(b.qp.Err(), ErrPeerGone) {
+		t.Fatalf("peer state: %v", b.qp.Err())
+	}
+}
+
+func TestParseHello(t *testing.T) {
+	d := openDevice(t, nil)
+	good := d.hello(1 << 16)
+	if h, err := parseHello(good.marshal()); err != nil || h.attr() != d.Attr() {
+		t.Fatalf("round trip: %+v %v", h, err)
+	}
+	bad := func(f func(h *hello)) []byte { h := good; f(&h); return h.marshal() }
+	for name, b := range map[string][]byte{
+		"short":        good.marshal()[:31],
+		"versions":     bad(func(h *hello) { h.minVer = 3; h.maxVer = 2 }),
+		"flags":        bad(func(h *hello) { h.flags |= 1 << 5 }),
+		"regions":      bad(func(h *hello) { h.maxRegions = 0 }),
+		"ring":         bad(func(h *hello) { h.ringCapacity = 1000 }),
+		"inline":       bad(func(h *hello) { h.maxInline = h.maxSend + 1 }),
+		"long reason":  append(good.marshal(), make([]byte, cmMaxReason+1)...),
+		"reserved set": func() []byte { b := good.marshal(); b[28] = 1; return b }(),
+	} {
+		if _, err := parseHello(b); !errors.Is(err, ErrProtocol) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := negotiate(hello{minVer: 2, maxVer: 5}); !errors.Is(err, ErrRefused) {
+		t.Errorf("negotiate without a common version: %v", err)
+	}
+}
+
+func FuzzParseHello(f *testing.F) {
+	d, err := Open(nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer d.Close()
+	h := d.hello(1 << 16)
+	f.Add(h.marshal())
+	h.flags = cmFlagReject
+	h.reason = "no"
+	f.Add(h.marshal())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := parseHello(b)
+		if err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("error %v does not match ErrProtocol", err)
+			}
+			return
+		}
+		if h.flags&cmFlagReject == 0 && (h.maxInline > h.maxSend || h.maxRegions > maxRegEntries) {
+			t.Fatalf("accepted inconsistent hello %+v", h)
+		}
+	})
+}

@@ -1,0 +1,578 @@
+package nic
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/shm"
+)
+
+// QPState is a queue pair's state: reset until connected, ready, then error
+// once anything fails or it is closed.
+type QPState uint32
+
+const (
+	QPReset QPState = iota
+	QPReady
+	QPError
+)
+
+func (s QPState) String() string {
+	return [...]string{"reset", "ready", "error"}[s]
+}
+
+// SendWR is a work request for the send queue.
+type SendWR struct {
+	ID uint64
+	Op Opcode // OpSend, OpWrite or OpRead
+	// Local is the source of a send or RDMA Write, the destination of an
+	// RDMA Read. It must lie in the region named by LKey, except for a send
+	// of at most MaxInline bytes, which is copied at post time.
+	Local []byte
+	LKey  uint32
+	// Remote and RKey name the target of an RDMA Write or Read: an address
+	// in the peer and the key of the peer's region that holds it.
+	Remote uint64
+	RKey   uint64
+}
+
+// RecvWR posts a buffer for one incoming send.
+type RecvWR struct {
+	ID   uint64
+	Buf  []byte
+	LKey uint32 // a region with AccessLocalWrite that holds Buf
+}
+
+type sendOp struct {
+	wr       SendWR
+	done     int
+	checked  bool
+	ent      remoteEntry
+	rnrSince time.Time
+}
+
+type peerInfo struct {
+	pid      int
+	uid      uint32
+	attr     Attr
+	table    peerTable
+	tableSeg *shm.Segment
+
+	segMu      sync.Mutex // guards segs, segChanged
+	segs       map[uint32]*shm.Segment
+	segChanged chan struct{} // closed and replaced when segs grows
+}
+
+// QueuePair is a connected pair of send and receive queues. It is safe for
+// concurrent use; work requests on one queue pair complete in the order
+// they were posted.
+type QueuePair struct {
+	dev            *Device
+	sendCQ, recvCQ *CompletionQueue
+	conn           *net.UnixConn
+	connMu         sync.Mutex // serializes writes to conn
+	seg            *shm.Segment
+	out            *shm.Producer
+	in             *shm.Consumer
+	peer           peerInfo
+
+	// Lock order: sqMu, then rqMu, then CQ locks.
+	sqMu   sync.Mutex // guards sq, queued, closed, out; held while an op runs
+	sq     []*sendOp
+	queued bool // on the engine's list
+	closed bool // mappings released (also guarded by rqMu: both held to set)
+
+	rqMu   sync.Mutex // guards rq, rqHead, in
+	rq     []RecvWR
+	rqHead int
+	rqLen  atomic.Int32
+
+	state      atomic.Uint32
+	reason     atomic.Pointer[error]
+	closeOnce  sync.Once
+	started    atomic.Bool // the connection reader runs
+	readerDone chan struct{}
+
+	stats QPStats
+}
+
+// QPStats counts a queue pair's work.
+type QPStats struct {
+	Sends, Recvs, Writes, Reads atomic.Uint64
+	Bytes                       atomic.Uint64
+	RNRRetries, Errors          atomic.Uint64
+}
+
+// Stats returns the queue pair's counters.
+func (qp *QueuePair) Stats() *QPStats { return &qp.stats }
+
+// State returns the queue pair's state.
+func (qp *QueuePair) State() QPState { return QPState(qp.state.Load()) }
+
+// Err returns why the queue pair is in the error state, or nil.
+func (qp *QueuePair) Err() error {
+	if p := qp.reason.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// PeerAttr returns the attributes the peer's device announced.
+func (qp *QueuePair) PeerAttr() Attr { return qp.peer.attr }
+
+// PeerPID returns the peer's process id, as the kernel reported it.
+func (qp *QueuePair) PeerPID() int { return qp.peer.pid }
+
+func (qp *QueuePair) stateErr() error {
+	if err := qp.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrQPState, err)
+	}
+	return ErrQPState
+}
+
+// PostSend queues a send, RDMA Write or RDMA Read.
+func (qp *QueuePair) PostSend(wr SendWR) error {
+	n := len(wr.Local)
+	switch wr.Op {
+	case OpSend:
+		if n > qp.dev.attr.MaxSend {
+			return fmt.Errorf("nic: send of %d bytes exceeds %d", n, qp.dev.attr.MaxSend)
+		}
+		if n > qp.dev.attr.MaxInline {
+			if _, err := qp.dev.localRegion(wr.LKey, wr.Local, 0); err != nil {
+				return err
+			}
+		}
+	case OpWrite, OpRead:
+		need := Access(0)
+		if wr.Op == OpRead {
+			if !qp.dev.attr.RDMARead {
+				return fmt.Errorf("nic: RDMA Read: %w by this device (Config.RDMARead)", ErrNotSupported)
+			}
+			need = AccessLocalWrite
+		}
+		if n > 0 {
+			if _, err := qp.dev.localRegion(wr.LKey, wr.Local, need); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("nic: PostSend of %v", wr.Op)
+	}
+	qp.sqMu.Lock()
+	if qp.State() != QPReady {
+		qp.sqMu.Unlock()
+		return qp.stateErr()
+	}
+	if len(qp.sq) == 0 && (wr.Op == OpSend || n <= qp.dev.cfg.InlineExec) {
+		op := sendOp{wr: wr}
+		if st, reason, finished := qp.execute(&op, n, time.Time{}); finished {
+			qp.dev.stats.InlineExecs.Add(1)
+			failed := qp.finish(&op, st, reason)
+			qp.sqMu.Unlock()
+			if failed {
+				qp.flush()
+			}
+			return nil
+		}
+		// A send that found the peer's ring full: the engine retries it.
+		op.rnrSince = time.Now()
+		return qp.enqueueLocked(&op)
+	}
+	return qp.enqueueLocked(&sendOp{wr: wr})
+}
+
+// enqueueLocked queues op for the engine and unlocks sqMu.
+func (qp *QueuePair) enqueueLocked(op *sendOp) error {
+	defer qp.sqMu.Unlock()
+	if len(qp.sq) >= qp.dev.cfg.SendDepth {
+		return ErrQueueFull
+	}
+	qp.sq = append(qp.sq, op)
+	if !qp.queued {
+		qp.queued = true
+		qp.dev.eng.add(qp)
+	}
+	return nil
+}
+
+// finish completes op on the send CQ and, for a failure, moves the queue
+// pair to the error state; it reports whether the caller must flush once
+// it has released its locks. The caller holds sqMu.
+func (qp *QueuePair) finish(op *sendOp, st Status, reason error) bool {
+	bytes := op.done
+	switch op.wr.Op {
+	case OpSend:
+		qp.stats.Sends.Add(1)
+		qp.dev.stats.Sends.Add(1)
+		qp.dev.stats.BytesSent.Add(uint64(bytes))
+	case OpWrite:
+		qp.stats.Writes.Add(1)
+		qp.dev.stats.Writes.Add(1)
+		qp.dev.stats.BytesWritten.Add(uint64(bytes))
+	case OpRead:
+		qp.stats.Reads.Add(1)
+		qp.dev.stats.Reads.Add(1)
+		qp.dev.stats.BytesRead.Add(uint64(bytes))
+	}
+	qp.stats.Bytes.Add(uint64(bytes))
+	qp.sendCQ.push(Completion{ID: op.wr.ID, Op: op.wr.Op, Status: st, Bytes: bytes, QP: qp, Reason: reason})
+	if st != StatusSuccess {
+		qp.stats.Errors.Add(1)
+		qp.dev.stats.Errors.Add(1)
+		return qp.setError(&CompletionError{Status: st, Op: op.wr.Op, ID: op.wr.ID, Reason: reason})
+	}
+	return false
+}
+
+// execute moves up to budget more bytes of op. It reports whether op is
+// finished and with what status. A send is all or nothing; with a zero
+// wait deadline it does not wait for room in the peer's ring. The caller
+// holds sqMu.
+func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, error, bool) {
+	wr := &op.wr
+	n := len(wr.Local)
+	if wr.Op == OpSend {
+		deadline := wait
+		if deadline.IsZero() {
+			deadline = time.Unix(0, 1) // in the past: do not wait
+		}
+		buf, err := qp.out.Reserve(n, deadline)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, nil, false
+		}
+		if err != nil {
+			return StatusFlushed, err, true
+		}
+		if err := safeCopy(buf, wr.Local); err != nil {
+			qp.out.Commit(tagNop, 0) // gives the reservation back; the peer skips it
+			return StatusLocalAccess, err, true
+		}
+		if err := qp.out.Commit(tagSend, n); err != nil {
+			return StatusFlushed, err, true
+		}
+		op.done = n
+		return StatusSuccess, nil, true
+	}
+	need := AccessRemoteWrite
+	if wr.Op == OpRead {
+		need = AccessRemoteRead
+	}
+	if !op.checked {
+		ent, err := qp.peer.table.lookup(wr.RKey, wr.Remote, uint64(n), need)
+		if err != nil {
+			return StatusRemoteAccess, err, true
+		}
+		op.ent, op.checked = ent, true
+	}
+	for op.done < n && budget > 0 {
+		// A revocation is seen before any byte of the next chunk moves.
+		if !qp.peer.table.stillLive(wr.RKey, op.ent.seq) {
+			return StatusRemoteAccess, fmt.Errorf("rkey %#x revoked during the transfer", wr.RKey), true
+		}
+		chunk := min(n-op.done, qp.dev.cfg.Chunk, budget)
+		local := wr.Local[op.done : op.done+chunk]
+		raddr := wr.Remote + uint64(op.done)
+		st, err := qp.copyChunk(wr.Op, local, raddr, &op.ent)
+		if err != nil {
+			return st, err, true
+		}
+		op.done += chunk
+		budget -= chunk
+	}
+	return StatusSuccess, nil, op.done == n
+}
+
+// copyChunk moves local to or from the peer's raddr, inside entry e.
+func (qp *QueuePair) copyChunk(op Opcode, local []byte, raddr uint64, e *remoteEntry) (Status, error) {
+	if e.seg == noSegment {
+		var n int
+		var err error
+		if op == OpWrite {
+			n, err = sys.ProcessVMWritev(qp.peer.pid, local, uintptr(raddr))
+		} else {
+			n, err = sys.ProcessVMReadv(qp.peer.pid, local, uintptr(raddr))
+		}
+		if err != nil {
+			return StatusRemoteOp, fmt.Errorf("cross-memory %v at %#x: %w", op, raddr, err)
+		}
+		if n != len(local) {
+			return StatusRemoteOp, fmt.Errorf("cross-memory %v at %#x: %d of %d bytes", op, raddr, n, len(local))
+		}
+		return StatusSuccess, nil
+	}
+	seg, err := qp.peer.segment(e.seg)
+	if err != nil {
+		return StatusRemoteAccess, err
+	}
+	mem := seg.Bytes()
+	off := e.segOff + (raddr - e.addr)
+	if e.segOff < memDataOff || off < e.segOff || off > uint64(len(mem)) || uint64(len(local)) > uint64(len(mem))-off {
+		return StatusRemoteAccess, fmt.Errorf("region of segment %d at offset %d outside its %d bytes", e.seg, e.segOff, len(mem))
+	}
+	remote := mem[off : off+uint64(len(local))]
+	if op == OpWrite {
+		err = safeCopy(remote, local)
+	} else {
+		err = safeCopy(local, remote)
+	}
+	if err != nil {
+		return StatusLocalAccess, err
+	}
+	return StatusSuccess, nil
+}
+
+// safeCopy copies src to dst and turns a memory fault (a buffer that was
+// unmapped under us) into an error instead of a crash.
+func safeCopy(dst, src []byte) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			re, ok := r.(runtime.Error)
+			if !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("memory fault during copy: %w", re)
+		}
+	}()
+	copy(dst, src)
+	return nil
+}
+
+// segment returns the peer's memory segment idx, waiting briefly for it:
+// the peer announces a new segment on the connection socket, which can
+// arrive after a key for memory in it arrived on the ring.
+func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
+	timer := (*time.Timer)(nil)
+	for {
+		p.segMu.Lock()
+		seg, changed := p.segs[idx], p.segChanged
+		p.segMu.Unlock()
+		if seg != nil {
+			return seg, nil
+		}
+		if changed == nil {
+			return nil, fmt.Errorf("peer memory segment %d unknown: connection gone", idx)
+		}
+		if timer == nil {
+			timer = time.NewTimer(time.Second)
+			defer timer.Stop()
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return nil, fmt.Errorf("peer memory segment %d never announced", idx)
+		}
+	}
+}
+
+// PostRecv posts a receive buffer.
+func (qp *QueuePair) PostRecv(wr RecvWR) error {
+	if _, err := qp.dev.localRegion(wr.LKey, wr.Buf, AccessLocalWrite); err != nil {
+		return err
+	}
+	qp.rqMu.Lock()
+	if qp.State() != QPReady {
+		qp.rqMu.Unlock()
+		return qp.stateErr()
+	}
+	if len(qp.rq)-qp.rqHead >= qp.dev.cfg.RecvDepth {
+		qp.rqMu.Unlock()
+		return ErrQueueFull
+	}
+	qp.rq = append(qp.rq, wr)
+	qp.rqLen.Add(1)
+	qp.rqMu.Unlock()
+	qp.progressRecv()
+	return nil
+}
+
+// progressRecv moves incoming sends into posted receives and completes
+// them on the receive CQ.
+func (qp *QueuePair) progressRecv() {
+	if qp.rqLen.Load() == 0 {
+		return
+	}
+	var failure error
+	qp.rqMu.Lock()
+	for !qp.closed && qp.rqHead < len(qp.rq) {
+		rec, ok, err := qp.in.Poll()
+		if err != nil {
+			if errors.Is(err, shm.ErrClosed) {
+				err = ErrPeerGone
+			}
+			failure = err
+			break
+		}
+		if !ok {
+			break
+		}
+		if rec.Tag == tagNop {
+			qp.in.Release()
+			continue
+		}
+		if rec.Tag != tagSend {
+			failure = fmt.Errorf("%w: record tag %d on the ring", ErrProtocol, rec.Tag)
+			break
+		}
+		r := qp.rq[qp.rqHead]
+		qp.rq[qp.rqHead] = RecvWR{}
+		qp.rqHead++
+		qp.rqLen.Add(-1)
+		c := Completion{ID: r.ID, Op: OpRecv, QP: qp, Bytes: len(rec.Data)}
+		if len(rec.Data) > len(r.Buf) {
+			c.Status, c.Bytes = StatusLocalLength, 0
+			c.Reason = fmt.Errorf("message of %d bytes, buffer of %d", len(rec.Data), len(r.Buf))
+		} else if err := safeCopy(r.Buf, rec.Data); err != nil {
+			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
+		}
+		qp.in.Release()
+		qp.stats.Recvs.Add(1)
+		qp.dev.stats.Recvs.Add(1)
+		qp.dev.stats.BytesReceived.Add(uint64(c.Bytes))
+		qp.recvCQ.push(c)
+		if c.Status != StatusSuccess {
+			failure = c.Err()
+			break
+		}
+	}
+	if qp.rqHead == len(qp.rq) {
+		clear(qp.rq)
+		qp.rq, qp.rqHead = qp.rq[:0], 0
+	}
+	qp.rqMu.Unlock()
+	if failure != nil && qp.setError(failure) {
+		qp.flush()
+	}
+}
+
+// setError moves the queue pair to the error state with reason and tells
+// whether this call did it (then the caller must flush once it holds no
+// locks). It wakes this process's waiters on the rings.
+func (qp *QueuePair) setError(reason error) bool {
+	for {
+		s := qp.state.Load()
+		if s == uint32(QPError) {
+			return false
+		}
+		if qp.state.CompareAndSwap(s, uint32(QPError)) {
+			break
+		}
+	}
+	qp.reason.Store(&reason)
+	qp.in.Fail(reason)
+	qp.out.Fail(reason)
+	return true
+}
+
+// flush completes every queued work request with StatusFlushed. The caller
+// holds no locks.
+func (qp *QueuePair) flush() {
+	reason := qp.Err()
+	qp.sqMu.Lock()
+	ops := qp.sq
+	qp.sq = nil
+	for _, op := range ops {
+		qp.sendCQ.push(Completion{ID: op.wr.ID, Op: op.wr.Op, Status: StatusFlushed, Bytes: op.done, QP: qp, Reason: reason})
+	}
+	qp.rqMu.Lock()
+	recvs := qp.rq[qp.rqHead:]
+	for _, r := range recvs {
+		qp.recvCQ.push(Completion{ID: r.ID, Op: OpRecv, Status: StatusFlushed, QP: qp, Reason: reason})
+	}
+	qp.rqLen.Add(-int32(len(recvs)))
+	qp.rq, qp.rqHead = nil, 0
+	qp.rqMu.Unlock()
+	qp.sqMu.Unlock()
+	qp.sendCQ.ws.Ring()
+	qp.recvCQ.ws.Ring()
+}
+
+// engineTurn runs one chunk of the first queued op. It reports whether the
+// queue pair has more work for the engine.
+func (qp *QueuePair) engineTurn() bool {
+	qp.sqMu.Lock()
+	if qp.closed || len(qp.sq) == 0 || qp.State() != QPReady {
+		qp.queued = false
+		flush := !qp.closed && len(qp.sq) > 0
+		qp.sqMu.Unlock()
+		if flush {
+			qp.flush()
+		}
+		return false
+	}
+	op := qp.sq[0]
+	var wait time.Time
+	if op.wr.Op == OpSend {
+		wait = time.Now().Add(200 * time.Microsecond)
+	}
+	st, reason, finished := qp.execute(op, qp.dev.cfg.Chunk, wait)
+	if !finished && op.wr.Op == OpSend {
+		qp.stats.RNRRetries.Add(1)
+		qp.dev.stats.RNRRetries.Add(1)
+		if op.rnrSince.IsZero() {
+			op.rnrSince = time.Now()
+		} else if time.Since(op.rnrSince) > qp.dev.cfg.RNRTimeout {
+			st, reason, finished = StatusRNRRetryExceeded, fmt.Errorf("peer consumed nothing for %v", qp.dev.cfg.RNRTimeout), true
+		}
+	}
+	failed := false
+	if finished {
+		qp.dev.stats.EngineExecs.Add(1)
+		qp.sq[0] = nil
+		qp.sq = qp.sq[1:]
+		failed = qp.finish(op, st, reason)
+	}
+	more := len(qp.sq) > 0 && !failed
+	if !more {
+		qp.queued = false
+	}
+	qp.sqMu.Unlock()
+	if failed {
+		qp.flush()
+	}
+	return more
+}
+
+// Close moves the queue pair to the error state, flushes its work, tells
+// the peer, and releases its shared memory. It waits for the engine and
+// for waiters on its completion queues to let go of the mappings.
+func (qp *QueuePair) Close() error {
+	qp.closeOnce.Do(func() {
+		if qp.setError(ErrClosed) {
+			qp.flush()
+		}
+		qp.out.Close() // the peer's reads end with ErrClosed after the last record
+		qp.conn.Close()
+		if qp.started.Load() {
+			<-qp.readerDone
+		}
+		qp.recvCQ.detach(qp)
+		qp.sqMu.Lock()
+		qp.rqMu.Lock()
+		qp.closed = true
+		qp.rqMu.Unlock()
+		qp.sqMu.Unlock()
+		qp.seg.Close()
+		qp.peer.tableSeg.Close()
+		qp.peer.segMu.Lock()
+		for _, s := range qp.peer.segs {
+			s.Close()
+		}
+		qp.peer.segs = nil
+		qp.peer.segMu.Unlock()
+		qp.dev.mu.Lock()
+		delete(qp.dev.qps, qp)
+		qp.dev.mu.Unlock()
+	})
+	return nil
+}
