@@ -1,0 +1,292 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	// The test binary is its own peer, as the bench binary is.
+	if role := os.Getenv(envPeer); role != "" {
+		os.Exit(peerMain(role))
+	}
+	testutil.Main(m)
+}
+
+func init() {
+	registerPeer("test-fail", func(pc *peerConn) error {
+		return pc.serve(func(cmd ctlMsg) error {
+			fmt.Fprintln(os.Stderr, "peer says: about to fail")
+			return errors.New("refused " + cmd.Op)
+		})
+	})
+	registerPeer("test-hang", func(pc *peerConn) error {
+		return pc.serve(func(cmd ctlMsg) error {
+			if err := pc.ready(); err != nil {
+				return err
+			}
+			select {} // until killed
+		})
+	})
+	registerPeer("test-crash", func(pc *peerConn) error {
+		return pc.serve(func(cmd ctlMsg) error {
+			if err := pc.ready(); err != nil {
+				return err
+			}
+			fmt.Fprintln(os.Stderr, "peer says: crashing")
+			os.Exit(3)
+			return nil
+		})
+	})
+}
+
+// tiny makes run measure for milliseconds instead of seconds.
+func tiny(t *testing.T) {
+	testTiny = true
+	t.Cleanup(func() { testTiny = false })
+}
+
+func TestRunFloorRingJSON(t *testing.T) {
+	tiny(t)
+	path := filepath.Join(t.TempDir(), "out.json")
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := run(ctx, &out, []string{"-quick", "-json", path, "floor", "ring"}); err != nil {
+		t.Fatalf("run: %v\noutput:\n%s", err, out.String())
+	}
+	t.Logf("output:\n%s", out.String())
+
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []Record
+	if err := json.Unmarshal(b, &recs); err != nil {
+		t.Fatalf("parse JSON: %v\n%s", err, b)
+	}
+	// The raw form must use exactly the agreed field names.
+	var raw []map[string]any
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	wantFields := []string{"case", "metric", "size", "suite", "transport", "value"}
+	for _, r := range raw {
+		var keys []string
+		for k := range r {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		if !slices.Equal(keys, wantFields) {
+			t.Fatalf("record fields %v, want %v", keys, wantFields)
+		}
+	}
+
+	got := map[recordKey]float64{}
+	for _, r := range recs {
+		k := recordKey{r.Suite, r.Case, r.Transport, r.Size, r.Metric}
+		if _, dup := got[k]; dup {
+			t.Errorf("duplicate record %+v", k)
+		}
+		got[k] = r.Value
+	}
+	lat := []string{metricLatMin, metricLatP50, metricLatP99, metricLatP999}
+	bw := []string{metricBW, metricRate}
+	want := []struct {
+		suite, cas, transport string
+		size                  int
+		metrics               []string
+	}{
+		{"floor", "pingpong", "cacheline", 8, lat},
+		{"floor", "pingpong", "futex", 4, lat},
+		{"floor", "copy", "memcpy", 4 * kiB, bw},
+		{"floor", "copy", "memcpy", 64 * kiB, bw},
+		{"ring", "pingpong", "ring/busy", 8, lat},
+		{"ring", "pingpong", "ring/busy", 4 * kiB, lat},
+		{"ring", "pingpong", "ring/block", 8, lat},
+		{"ring", "stream", "ring/busy", 64, bw},
+		{"ring", "stream", "ring/busy", 64 * kiB, bw},
+	}
+	n := 0
+	for _, w := range want {
+		for _, m := range w.metrics {
+			n++
+			v, ok := got[recordKey{w.suite, w.cas, w.transport, w.size, m}]
+			switch {
+			case !ok:
+				t.Errorf("no record %s/%s/%s/%d/%s", w.suite, w.cas, w.transport, w.size, m)
+			case !(v > 0):
+				t.Errorf("record %s/%s/%s/%d/%s = %v, want > 0", w.suite, w.cas, w.transport, w.size, m, v)
+			}
+		}
+	}
+	if len(recs) != n {
+		t.Errorf("%d records, want %d", len(recs), n)
+	}
+	for _, r := range recs {
+		if strings.HasPrefix(r.Metric, "lat_") {
+			p50 := got[recordKey{r.Suite, r.Case, r.Transport, r.Size, metricLatP50}]
+			min := got[recordKey{r.Suite, r.Case, r.Transport, r.Size, metricLatMin}]
+			p999 := got[recordKey{r.Suite, r.Case, r.Transport, r.Size, metricLatP999}]
+			if !(min <= p50 && p50 <= p999) {
+				t.Errorf("%s/%s/%d: min %v, p50 %v, p99.9 %v out of order", r.Case, r.Transport, r.Size, min, p50, p999)
+			}
+		}
+	}
+
+	text := out.String()
+	for _, s := range []string{"--- floor", "--- ring", "--- targets", "cacheline", "ring/block", "memcpy"} {
+		if !strings.Contains(text, s) {
+			t.Errorf("table lacks %q", s)
+		}
+	}
+	if c := strings.Count(text, "PASS") + strings.Count(text, "MISS"); c != len(targets) {
+		t.Errorf("%d target verdicts, want %d", c, len(targets))
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"nosuch"}, `unknown suite "nosuch"`},
+		{[]string{"-nosuchflag"}, "flag provided but not defined"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			err := run(context.Background(), new(bytes.Buffer), tc.args)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("run(%q) = %v, want an error containing %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), &out, []string{"-h"}); err != nil {
+		t.Fatalf("run -h: %v", err)
+	}
+	for _, s := range suites {
+		if !strings.Contains(out.String(), s.Name) {
+			t.Errorf("-h does not list suite %s:\n%s", s.Name, out.String())
+		}
+	}
+}
+
+func testEnv(t *testing.T) *Env {
+	env, err := newEnv(context.Background(), new(bytes.Buffer), true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// A peer's failure reaches the parent with what the peer printed.
+func TestPeerErrorSurfaced(t *testing.T) {
+	p, err := startPeer(testEnv(t), "test-fail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = p.run(context.Background(), ctlMsg{Op: "hello"}, func(error) {}, func() error { return nil })
+	if err == nil {
+		t.Fatal("no error from a failing peer")
+	}
+	for _, s := range []string{"refused hello", "peer says: about to fail"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q lacks %q", err, s)
+		}
+	}
+	<-p.exited // failure kills it
+	p.close()
+}
+
+// A peer dying mid-measurement aborts the parent's side, and the error
+// carries the peer's exit status and output.
+func TestPeerCrashAborts(t *testing.T) {
+	p, err := startPeer(testEnv(t), "test-crash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	aborted := make(chan error, 1)
+	err = p.run(context.Background(), ctlMsg{Op: "spin"}, func(err error) { aborted <- err }, func() error {
+		select {
+		case err := <-aborted:
+			return fmt.Errorf("body: %w", err)
+		case <-time.After(20 * time.Second):
+			return errors.New("body was never aborted")
+		}
+	})
+	if !errors.Is(err, errPeerExited) {
+		t.Fatalf("err = %v, want errPeerExited", err)
+	}
+	for _, s := range []string{"exit status 3", "peer says: crashing"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q lacks %q", err, s)
+		}
+	}
+	p.close()
+}
+
+// Cancelling the context aborts the parent's side and kills the peer.
+func TestPeerCancel(t *testing.T) {
+	p, err := startPeer(testEnv(t), "test-hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	aborted := make(chan error, 1)
+	err = p.run(ctx, ctlMsg{Op: "spin"}, func(err error) { aborted <- err }, func() error {
+		cancel()
+		return <-aborted
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("peer still running after cancel")
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	rtts := make([]int64, 1000)
+	for i := range rtts {
+		rtts[len(rtts)-1-i] = int64(2 * (i + 1)) // 2..2000, reversed
+	}
+	l := summarize(rtts)
+	want := Latency{Min: 1, P50: 500, P99: 990, P999: 999, N: 1000}
+	if *l != want {
+		t.Fatalf("summarize = %+v, want %+v", *l, want)
+	}
+	if l := summarize([]int64{10}); l.Min != 5 || l.P50 != 5 || l.P999 != 5 {
+		t.Fatalf("one sample: %+v", *l)
+	}
+}
+
+func TestFormat(t *testing.T) {
+	for n, want := range map[int]string{8: "8B", 4096: "4KiB", 1536: "1536B", 1 << 20: "1MiB", 256 << 20: "256MiB"} {
+		if got := fsize(n); got != want {
+			t.Errorf("fsize(%d) = %q, want %q", n, got, want)
+		}
+	}
+	for v, want := range map[float64]string{61.234: "61.23", 0.000123: "0.000123", 1234.5: "1234", 250.5: "250.5", 7.1: "7.100"} {
+		if got := fnum(v); got != want {
+			t.Errorf("fnum(%v) = %q, want %q", v, got, want)
+		}
+	}
+}

@@ -1,0 +1,326 @@
+package main
+
+// Suite floor: what no same-host transport can beat on this machine.
+//
+//   - pingpong/cacheline: two processes bounce one 8-byte word in a shared
+//     line; the parent stores an odd value, the peer answers with the next
+//     even one. Half of that round trip is the fastest possible one-way
+//     hand-off.
+//   - pingpong/futex: the same over two futex words, always sleeping
+//     (FUTEX_WAIT) and always waking (FUTEX_WAKE, shared ops): the floor of
+//     any transport that sleeps while it waits.
+//   - copy/memcpy: single-core copy() of a hot buffer to another, in this
+//     process: what any transport that copies pays per byte.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/shm"
+)
+
+func init() {
+	register(&Suite{
+		Name: "floor",
+		Doc:  "cross-process cache-line and futex round trips, single-core copy() bandwidth",
+		Run:  runFloor,
+	})
+	registerPeer("floor", floorPeer)
+}
+
+// Layout of the floor segment: each word on its own 128-byte line.
+//
+//	  0  segment header
+//	128  cache-line word u64   parent: odd values; peer: the next even one
+//	256  ping futex u32        parent → peer sequence number
+//	384  pong futex u32        peer → parent echo of it
+const (
+	kindBenchFloor = shm.KindUser + 0x42
+
+	floorLineOff = shm.SegmentHeaderSize
+	floorPingOff = floorLineOff + 128
+	floorPongOff = floorPingOff + 128
+	floorSegSize = 4096
+
+	lineStop  = ^uint64(0) // odd: ends the peer's cache-line loop
+	futexStop = ^uint32(0) // ends the peer's futex loop
+
+	futexPoll = 50 * time.Millisecond // longest sleep before the parent checks for a dead peer
+)
+
+var errAborted = errors.New("measurement aborted")
+
+type floorWords struct {
+	line       *uint64
+	ping, pong *uint32
+}
+
+func mapFloorWords(seg *shm.Segment) (floorWords, error) {
+	var w floorWords
+	var err1, err2, err3 error
+	w.line, err1 = sys.Word64(seg.Bytes(), floorLineOff)
+	w.ping, err2 = sys.Word32(seg.Bytes(), floorPingOff)
+	w.pong, err3 = sys.Word32(seg.Bytes(), floorPongOff)
+	return w, errors.Join(err1, err2, err3)
+}
+
+func runFloor(ctx context.Context, env *Env) (recs []Record, err error) {
+	seg, err := shm.CreateSegment("bench-floor", kindBenchFloor, floorSegSize)
+	if err != nil {
+		return nil, err
+	}
+	defer seg.Close()
+	w, err := mapFloorWords(seg)
+	if err != nil {
+		return nil, err
+	}
+	p, err := startPeer(env, "floor", seg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := p.close(); err == nil {
+			err = cerr
+		}
+	}()
+
+	lat, err := cachelineRTT(ctx, env, p, w)
+	if err != nil {
+		return recs, fmt.Errorf("cacheline: %w", err)
+	}
+	recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "cacheline", Size: 8, Lat: lat})...)
+
+	lat, err = futexRTT(ctx, env, p, w)
+	if err != nil {
+		return recs, fmt.Errorf("futex: %w", err)
+	}
+	recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "futex", Size: 4, Lat: lat})...)
+
+	for _, r := range measureCopy(ctx, env) {
+		recs = append(recs, env.Report(r)...)
+	}
+	return recs, ctx.Err()
+}
+
+// cachelineRTT measures round trips of the shared word.
+func cachelineRTT(ctx context.Context, env *Env, p *peer, w floorWords) (*Latency, error) {
+	atomic.StoreUint64(w.line, 0) // before the peer looks: no hand-off in flight
+	var abort atomic.Bool
+	smp := newSampler(env.plan.latMax)
+	err := p.run(ctx, ctlMsg{Op: "cacheline"}, func(error) { abort.Store(true) }, func() error {
+		return pinned(env.cpus[0], func() error {
+			v := uint64(0)
+			for range env.plan.latWarm {
+				if v = lineRTT(w.line, v, &abort); v == 0 {
+					return errAborted
+				}
+			}
+			smp.start(env.plan.latTime)
+			for {
+				if v = lineRTT(w.line, v, &abort); v == 0 {
+					return errAborted
+				}
+				if !smp.lap() {
+					break
+				}
+			}
+			atomic.StoreUint64(w.line, lineStop)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return summarize(smp.result()), nil
+}
+
+// lineRTT hands the word to the peer (v+1, odd) and spins until it comes
+// back as v+2, which it returns; 0 if abort was set meanwhile.
+func lineRTT(line *uint64, v uint64, abort *atomic.Bool) uint64 {
+	atomic.StoreUint64(line, v+1) // publishes: the peer's turn
+	v += 2
+	for spins := 1; atomic.LoadUint64(line) != v; spins++ { // observes: the peer's answer
+		if spins&(1<<16-1) == 0 && abort.Load() {
+			return 0
+		}
+	}
+	return v
+}
+
+// futexRTT measures sleeping round trips over the ping and pong words.
+func futexRTT(ctx context.Context, env *Env, p *peer, w floorWords) (*Latency, error) {
+	atomic.StoreUint32(w.ping, 0)
+	atomic.StoreUint32(w.pong, 0)
+	var abort atomic.Bool
+	smp := newSampler(env.plan.blockMax)
+	err := p.run(ctx, ctlMsg{Op: "futex"}, func(error) { abort.Store(true) }, func() error {
+		return pinned(env.cpus[0], func() error {
+			seq := uint32(0)
+			var err error
+			for range env.plan.blockWarm {
+				if seq, err = futexRT(w, seq, &abort); err != nil {
+					return err
+				}
+			}
+			smp.start(env.plan.blockTime)
+			for {
+				if seq, err = futexRT(w, seq, &abort); err != nil {
+					return err
+				}
+				if !smp.lap() {
+					break
+				}
+			}
+			atomic.StoreUint32(w.ping, futexStop)
+			_, err = sys.FutexWake(w.ping, 1)
+			return err
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return summarize(smp.result()), nil
+}
+
+// futexRT posts seq+1 on ping, wakes the peer and sleeps until pong says
+// seq+1, which it returns.
+func futexRT(w floorWords, seq uint32, abort *atomic.Bool) (uint32, error) {
+	seq++
+	atomic.StoreUint32(w.ping, seq) // publishes: the peer's turn
+	if _, err := sys.FutexWake(w.ping, 1); err != nil {
+		return 0, fmt.Errorf("futex wake: %w", err)
+	}
+	for {
+		got := atomic.LoadUint32(w.pong) // observes: the peer's answer
+		if got == seq {
+			return seq, nil
+		}
+		if err := futexSleep(w.pong, got, futexPoll); err != nil {
+			return 0, err
+		}
+		if abort.Load() {
+			return 0, errAborted
+		}
+	}
+}
+
+// futexSleep sleeps on addr while it holds val, at most timeout (< 0: no
+// limit). Wake-ups, value changes, signals and time-outs are all fine.
+func futexSleep(addr *uint32, val uint32, timeout time.Duration) error {
+	err := sys.FutexWait(addr, val, int64(timeout))
+	if err == nil || errors.Is(err, sys.EAGAIN) || errors.Is(err, sys.EINTR) || errors.Is(err, sys.ETIMEDOUT) {
+		return nil
+	}
+	return fmt.Errorf("futex wait: %w", err)
+}
+
+// floorPeer is the peer of the floor suite.
+func floorPeer(pc *peerConn) error {
+	seg, err := pc.segment(0, kindBenchFloor, floorSegSize)
+	if err != nil {
+		return err
+	}
+	defer seg.Close()
+	w, err := mapFloorWords(seg)
+	if err != nil {
+		return err
+	}
+	return pc.serve(func(cmd ctlMsg) error {
+		switch cmd.Op {
+		case "cacheline":
+			if err := pc.ready(); err != nil {
+				return err
+			}
+			last := uint64(0)
+			for {
+				v := atomic.LoadUint64(w.line) // observes: the parent's turn
+				switch {
+				case v == last:
+				case v == lineStop:
+					return nil
+				case v&1 == 1:
+					last = v + 1
+					atomic.StoreUint64(w.line, last) // publishes: the answer
+				}
+			}
+		case "futex":
+			if err := pc.ready(); err != nil {
+				return err
+			}
+			last := uint32(0)
+			for {
+				v := atomic.LoadUint32(w.ping) // observes: the parent's turn
+				switch {
+				case v == last:
+					if err := futexSleep(w.ping, v, -1); err != nil {
+						return err
+					}
+				case v == futexStop:
+					return nil
+				default:
+					last = v
+					atomic.StoreUint32(w.pong, v) // publishes: the answer
+					if _, err := sys.FutexWake(w.pong, 1); err != nil {
+						return fmt.Errorf("futex wake: %w", err)
+					}
+				}
+			}
+		}
+		return fmt.Errorf("unknown command %q", cmd.Op)
+	})
+}
+
+// measureCopy measures single-core copy() bandwidth between two hot buffers
+// of the plan's sizes, in this process.
+func measureCopy(ctx context.Context, env *Env) []Result {
+	sizes := env.plan.copySizes
+	if len(sizes) == 0 {
+		return nil
+	}
+	maxSize := slices.Max(sizes)
+	src, dst := make([]byte, maxSize), make([]byte, maxSize)
+	// Fault both in with real contents: a pattern, doubled.
+	for i := range min(len(src), 4096) {
+		src[i] = byte(i*7 + 1)
+	}
+	for n := 4096; n < len(src); n *= 2 {
+		copy(src[n:], src[:n])
+	}
+	copy(dst, src)
+
+	var out []Result
+	const batchBytes = 8 << 20 // per timed batch: long enough to time, short enough to sample
+	bws := make([]float64, 0, 4096)
+	for _, size := range sizes {
+		if ctx.Err() != nil {
+			break
+		}
+		k := max(1, batchBytes/size)
+		bws = bws[:0]
+		pinned(env.cpus[0], func() error {
+			s, d := src[:size], dst[:size]
+			for range k { // warm-up batch
+				copy(d, s)
+			}
+			start := time.Now()
+			for len(bws) < cap(bws) && (len(bws) < 3 || time.Since(start) < env.plan.bwTime) {
+				t0 := time.Now()
+				for range k {
+					copy(d, s)
+				}
+				gbps, _ := throughput(size, int64(k), time.Since(t0))
+				bws = append(bws, gbps)
+			}
+			return nil
+		})
+		slices.Sort(bws)
+		bw := bws[len(bws)/2]
+		out = append(out, Result{Case: "copy", Transport: "memcpy", Size: size, BW: bw, Rate: bw * 1e3 / float64(size), HasBW: true})
+	}
+	return out
+}

@@ -1,0 +1,397 @@
+package main
+
+// The peer process. Every measurement runs between this process and a second
+// one: the same binary, re-executed with envPeer set to a role. The child
+// inherits, as fd 3, one end of a Unix socketpair (the control socket) and,
+// as fds 4, 5, …, the shared segments. Over the control socket the parent
+// sends one command at a time (a JSON ctlMsg); the child attaches to the
+// shared memory, answers "ready", takes part in the measurement, and answers
+// "done" (with an error text if it failed). The parent closes the control
+// socket when it has no more commands; the child then exits. The child also
+// dies with the parent (PR_SET_PDEATHSIG) and, if the control socket closes
+// while it is busy, exits at once.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/shm"
+)
+
+const (
+	envPeer = "SANDIRECT_BENCH_PEER" // role of a peer process; empty in the parent
+
+	ctlFd      = 3 // the child's control socket
+	firstSegFd = 4 // the child's first segment
+
+	readyTimeout = 10 * time.Second // child start, attach, answer
+	doneTimeout  = 30 * time.Second // child's answer after the parent's side ended
+	exitTimeout  = 5 * time.Second  // child exit after the control socket closed
+)
+
+// errPeerExited fails the parent's side of a measurement whose peer died.
+var errPeerExited = errors.New("peer process exited")
+
+// ctlMsg is one control message, in either direction.
+type ctlMsg struct {
+	Op       string `json:"op"`                 // command; "ready" or "done" from the child
+	Mode     string `json:"mode,omitempty"`     // wait mode of ring commands
+	Size     int    `json:"size,omitempty"`     // record size
+	Capacity int    `json:"capacity,omitempty"` // ring capacity
+	CPU      int    `json:"cpu"`                // CPU to pin the child's thread to; -1: none
+	Err      string `json:"err,omitempty"`      // in "done": the child's failure
+}
+
+// A peerRole is the body of a child process: it serves commands from pc
+// until pc.next reports the end.
+type peerRole func(pc *peerConn) error
+
+var (
+	rolesMu sync.Mutex // guards roles
+	roles   = map[string]peerRole{}
+)
+
+// registerPeer makes role runnable as a peer process; call it from init.
+func registerPeer(name string, f peerRole) {
+	rolesMu.Lock()
+	defer rolesMu.Unlock()
+	if roles[name] != nil {
+		panic("bench: peer role " + name + " registered twice")
+	}
+	roles[name] = f
+}
+
+// ---- parent side ----
+
+// peer is a running child process as seen by the parent. Its methods are
+// called from one goroutine; the goroutines it starts only feed its
+// channels.
+type peer struct {
+	role   string
+	cmd    *exec.Cmd
+	ctl    net.Conn
+	enc    *json.Encoder
+	msgs   chan ctlMsg // from the child, closed at EOF
+	output *tailBuffer // the child's stdout and stderr
+	exited chan struct{}
+	closed chan struct{} // closed by close: stops the reader
+	dead   atomic.Bool   // set when exited is closed
+	err    error         // cmd.Wait's result, valid once exited is closed
+	cpu    int
+}
+
+// startPeer starts this binary again as role, handing it segs.
+func startPeer(env *Env, role string, segs ...*shm.Segment) (*peer, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own executable: %w", err)
+	}
+	mine, theirs, err := sys.UnixPair()
+	if err != nil {
+		return nil, fmt.Errorf("control socketpair: %w", err)
+	}
+	files := []*os.File{theirs}
+	defer func() {
+		for _, f := range files {
+			f.Close() // the child has its copies
+		}
+	}()
+	for _, s := range segs {
+		f, err := s.File()
+		if err != nil {
+			mine.Close()
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	ctl, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+
+	p := &peer{role: role, ctl: ctl, enc: json.NewEncoder(ctl), msgs: make(chan ctlMsg, 1),
+		output: &tailBuffer{max: 16 << 10}, exited: make(chan struct{}), closed: make(chan struct{}),
+		cpu: env.cpus[1]}
+	p.cmd = exec.Command(exe)
+	p.cmd.Env = append(os.Environ(), envPeer+"="+role)
+	p.cmd.ExtraFiles = files
+	p.cmd.Stdout = p.output
+	p.cmd.Stderr = p.output
+	// The child must never outlive us, even if we are killed.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		ctl.Close()
+		return nil, fmt.Errorf("start peer %s: %w", role, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		p.dead.Store(true)
+		close(p.exited)
+	}()
+	go func() {
+		defer close(p.msgs)
+		dec := json.NewDecoder(ctl)
+		for {
+			var m ctlMsg
+			if err := dec.Decode(&m); err != nil {
+				return
+			}
+			select {
+			case p.msgs <- m:
+			case <-p.closed:
+				return
+			}
+		}
+	}()
+	return p, nil
+}
+
+// run performs one measurement: it sends cmd, waits until the child is
+// ready, runs body (the parent's side), and waits for the child's "done".
+// If the child dies or ctx ends while body runs, abort is called (from
+// another goroutine) to make body return.
+func (p *peer) run(ctx context.Context, cmd ctlMsg, abort func(error), body func() error) error {
+	cmd.CPU = p.cpu
+	runtime.GC() // no collection of earlier garbage during the measurement
+	if err := p.enc.Encode(cmd); err != nil {
+		return p.failure(fmt.Errorf("send %s command: %w", cmd.Op, err))
+	}
+	if err := p.await(ctx, "ready", readyTimeout); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-p.exited:
+			abort(errPeerExited)
+		case <-ctx.Done():
+			abort(ctx.Err())
+		case <-stop:
+		}
+	}()
+	err := body()
+	close(stop)
+	<-watched
+	if err != nil {
+		p.kill()
+		return p.failure(err)
+	}
+	return p.await(ctx, "done", doneTimeout)
+}
+
+// await waits for the child's message op.
+func (p *peer) await(ctx context.Context, op string, timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case m, ok := <-p.msgs:
+		switch {
+		case !ok:
+			return p.failure(fmt.Errorf("control socket closed while waiting for %q", op))
+		case m.Err != "":
+			return p.failure(fmt.Errorf("peer: %s", m.Err))
+		case m.Op != op:
+			return p.failure(fmt.Errorf("peer sent %q, want %q", m.Op, op))
+		}
+		return nil
+	case <-p.exited:
+		return p.failure(fmt.Errorf("waiting for %q: %w", op, errPeerExited))
+	case <-ctx.Done():
+		p.kill()
+		return ctx.Err()
+	case <-t.C:
+		p.kill()
+		return p.failure(fmt.Errorf("peer did not answer %q within %v", op, timeout))
+	}
+}
+
+func (p *peer) kill() { p.cmd.Process.Kill() }
+
+// failure adds to err what the child said and how it ended.
+func (p *peer) failure(err error) error {
+	p.kill()
+	select {
+	case <-p.exited:
+	case <-time.After(exitTimeout):
+	}
+	msg := fmt.Sprintf("peer %s", p.role)
+	if p.dead.Load() && p.err != nil {
+		msg += " (" + p.err.Error() + ")"
+	}
+	if out := strings.TrimSpace(p.output.String()); out != "" {
+		msg += ", its output: " + out
+	}
+	return fmt.Errorf("%w; %s", err, msg)
+}
+
+// close ends the child: it closes the control socket, waits for the child
+// to exit (killing it after exitTimeout) and reports an unclean exit.
+func (p *peer) close() error {
+	close(p.closed)
+	p.ctl.Close()
+	t := time.NewTimer(exitTimeout)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+	case <-t.C:
+		p.kill()
+		<-p.exited
+		return fmt.Errorf("peer %s did not exit after its control socket closed; output: %s", p.role, p.output.String())
+	}
+	if p.err != nil {
+		return fmt.Errorf("peer %s: %w; output: %s", p.role, p.err, strings.TrimSpace(p.output.String()))
+	}
+	return nil
+}
+
+// tailBuffer keeps the first max bytes written to it; safe for concurrent
+// use.
+type tailBuffer struct {
+	mu  sync.Mutex // guards b
+	b   bytes.Buffer
+	max int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if room := t.max - t.b.Len(); room > 0 {
+		t.b.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.b.String()
+}
+
+// pinned runs f on a locked OS thread restricted to cpu (cpu < 0: not
+// restricted, but still locked).
+func pinned(cpu int, f func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if cpu >= 0 {
+		restore, err := sys.PinThread(cpu)
+		if err != nil {
+			return fmt.Errorf("pin thread to CPU %d: %w", cpu, err)
+		}
+		defer restore()
+	}
+	return f()
+}
+
+// ---- child side ----
+
+// peerConn is the child's end of the control socket.
+type peerConn struct {
+	enc  *json.Encoder
+	cmds chan ctlMsg
+	busy atomic.Bool // between a command and its "done"
+	nseg int
+}
+
+// peerMain is the whole life of a child process.
+func peerMain(role string) int {
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "bench peer %s: %v\n", role, err)
+		return 1
+	}
+	rolesMu.Lock()
+	body := roles[role]
+	rolesMu.Unlock()
+	if body == nil {
+		return fail(errors.New("unknown role"))
+	}
+	f := os.NewFile(ctlFd, "control")
+	if f == nil {
+		return fail(errors.New("no control socket"))
+	}
+	ctl, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return fail(fmt.Errorf("control socket: %w", err))
+	}
+	pc := &peerConn{enc: json.NewEncoder(ctl), cmds: make(chan ctlMsg)}
+	go func() {
+		dec := json.NewDecoder(ctl)
+		for {
+			var m ctlMsg
+			if err := dec.Decode(&m); err != nil {
+				if pc.busy.Load() {
+					// The parent is gone mid-measurement; the main
+					// goroutine may spin forever on shared memory.
+					fmt.Fprintf(os.Stderr, "bench peer %s: parent went away: %v\n", role, err)
+					os.Exit(1)
+				}
+				close(pc.cmds)
+				return
+			}
+			pc.busy.Store(true)
+			pc.cmds <- m
+		}
+	}()
+	// One thread serves every command, so pinning it holds for the run.
+	runtime.LockOSThread()
+	if err := body(pc); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+// segment maps the i-th inherited segment.
+func (pc *peerConn) segment(i int, kind uint32, minSize int) (*shm.Segment, error) {
+	return shm.OpenSegment(firstSegFd+i, kind, minSize)
+}
+
+// next returns the next command, or false when the parent has closed the
+// control socket.
+func (pc *peerConn) next() (ctlMsg, bool) {
+	m, ok := <-pc.cmds
+	return m, ok
+}
+
+// ready tells the parent that this side is attached and running.
+func (pc *peerConn) ready() error { return pc.enc.Encode(ctlMsg{Op: "ready"}) }
+
+// done ends the command; err (may be nil) goes to the parent.
+func (pc *peerConn) done(err error) error {
+	m := ctlMsg{Op: "done"}
+	if err != nil {
+		m.Err = err.Error()
+	}
+	pc.busy.Store(false)
+	return pc.enc.Encode(m)
+}
+
+// serve runs each command through do, pinned as the parent asks, until the
+// parent closes the control socket.
+func (pc *peerConn) serve(do func(cmd ctlMsg) error) error {
+	for {
+		cmd, ok := pc.next()
+		if !ok {
+			return nil
+		}
+		err := pinned(cmd.CPU, func() error { return do(cmd) })
+		if derr := pc.done(err); derr != nil {
+			return fmt.Errorf("answer %s: %w", cmd.Op, derr)
+		}
+	}
+}

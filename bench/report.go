@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+)
+
+const rowFormat = "%-9s %-11s %8s %9s %9s %9s %9s %9s %9s\n"
+
+func printSuiteHeader(w io.Writer, suite string) {
+	fmt.Fprintf(w, "\n--- %s %s\n", suite, strings.Repeat("-", 80-len(suite)))
+	fmt.Fprintf(w, rowFormat, "case", "transport", "size", "min", "p50", "p99", "p99.9", "GB/s", "Mmsg/s")
+	fmt.Fprintf(w, rowFormat, "", "", "", "(ns, half", "round", "trip)", "", "", "")
+}
+
+func printRow(w io.Writer, r Result) {
+	cols := []string{"-", "-", "-", "-", "-", "-"}
+	if r.Lat != nil {
+		cols[0], cols[1], cols[2], cols[3] = fnum(r.Lat.Min), fnum(r.Lat.P50), fnum(r.Lat.P99), fnum(r.Lat.P999)
+	}
+	if r.HasBW {
+		cols[4], cols[5] = fnum(r.BW), fnum(r.Rate)
+	}
+	fmt.Fprintf(w, rowFormat, r.Case, r.Transport, fsize(r.Size), cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
+}
+
+// fnum prints with three significant digits or more, never in exponent form.
+func fnum(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 100:
+		return fmt.Sprintf("%.1f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.2f", v)
+	case v >= 1 || v <= 0:
+		return fmt.Sprintf("%.3f", v)
+	default: // three significant digits
+		return fmt.Sprintf("%.*f", 2-int(math.Floor(math.Log10(v))), v)
+	}
+}
+
+func fsize(n int) string {
+	switch {
+	case n >= miB && n%miB == 0:
+		return fmt.Sprintf("%dMiB", n/miB)
+	case n >= kiB && n%kiB == 0:
+		return fmt.Sprintf("%dKiB", n/kiB)
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// A target is a ratio between two numbers of one run. The first three are
+// the founding issue's; a suite may append its own from init.
+type target struct {
+	name     string
+	num, den recordKey
+	limit    float64
+	atMost   bool // ratio ≤ limit passes; else ratio ≥ limit
+}
+
+type recordKey struct {
+	suite, cas, transport string
+	size                  int
+	metric                string
+}
+
+var targets = []target{
+	{"busy ring 8B ping-pong p50 / cache-line p50",
+		recordKey{"ring", "pingpong", "ring/busy", 8, metricLatP50},
+		recordKey{"floor", "pingpong", "cacheline", 8, metricLatP50}, 2.0, true},
+	{"block ring 8B ping-pong p50 / futex p50",
+		recordKey{"ring", "pingpong", "ring/block", 8, metricLatP50},
+		recordKey{"floor", "pingpong", "futex", 4, metricLatP50}, 1.2, true},
+	{"ring stream 64KiB GB/s / memcpy 64KiB GB/s",
+		recordKey{"ring", "stream", "ring/busy", 64 * kiB, metricBW},
+		recordKey{"floor", "copy", "memcpy", 64 * kiB, metricBW}, 0.6, false},
+}
+
+// printTargets prints every target whose two numbers were measured.
+func printTargets(w io.Writer, recs []Record) {
+	find := func(k recordKey) (float64, bool) {
+		for _, r := range recs {
+			if r.Suite == k.suite && r.Case == k.cas && r.Transport == k.transport && r.Size == k.size && r.Metric == k.metric {
+				return r.Value, true
+			}
+		}
+		return 0, false
+	}
+	header := false
+	for _, t := range targets {
+		num, ok1 := find(t.num)
+		den, ok2 := find(t.den)
+		if !ok1 || !ok2 || den == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(w, "\n--- targets %s\n", strings.Repeat("-", 73))
+			fmt.Fprintf(w, "%-46s %9s %9s %9s %7s  %s\n", "ratio", "num", "den", "value", "target", "")
+			header = true
+		}
+		ratio := num / den
+		verdict, op := "MISS", ">="
+		if t.atMost {
+			op = "<="
+		}
+		if (t.atMost && ratio <= t.limit) || (!t.atMost && ratio >= t.limit) {
+			verdict = "PASS"
+		}
+		fmt.Fprintf(w, "%-46s %9s %9s %9.2f %3s%.1f  %s\n", t.name, fnum(num), fnum(den), ratio, op, t.limit, verdict)
+	}
+}
+
+func writeJSON(path string, recs []Record) error {
+	// One record a line: readable, diffable, still one JSON array.
+	var b bytes.Buffer
+	b.WriteString("[")
+	for i, r := range recs {
+		line, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString("\n  ")
+		b.Write(line)
+	}
+	b.WriteString("\n]\n")
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// A Suite is one group of measurements, registered from its own file with
+// register. Run measures, prints each row as it goes (Env.Report) and
+// returns the records; on error it returns what it measured so far.
+type Suite struct {
+	Name string // as given on the command line; also Record.Suite
+	Doc  string // one line for -h
+	Run  func(ctx context.Context, env *Env) ([]Record, error)
+}
+
+var suites []*Suite // in registration order (file name order)
+
+// register adds a suite; call it from init.
+func register(s *Suite) {
+	if lookupSuite(s.Name) != nil {
+		panic("bench: suite " + s.Name + " registered twice")
+	}
+	suites = append(suites, s)
+}
+
+func lookupSuite(name string) *Suite {
+	for _, s := range suites {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// Record is one number, as written to the JSON file. The field names, the
+// metric names and the transport names are read by other tools: keep them
+// stable.
+type Record struct {
+	Suite     string  `json:"suite"`
+	Case      string  `json:"case"`
+	Transport string  `json:"transport"`
+	Size      int     `json:"size"`
+	Metric    string  `json:"metric"`
+	Value     float64 `json:"value"`
+}
+
+// Metric names.
+const (
+	metricLatMin  = "lat_min_ns"  // half round trip, minimum
+	metricLatP50  = "lat_p50_ns"  // half round trip, median
+	metricLatP99  = "lat_p99_ns"  // half round trip, 99th percentile
+	metricLatP999 = "lat_p999_ns" // half round trip, 99.9th percentile
+	metricBW      = "bw_gbps"     // payload bytes per second / 1e9
+	metricRate    = "rate_mps"    // messages per second / 1e6
+)
+
+// Result is one row of a table: the latency and/or throughput of one case,
+// transport and size.
+type Result struct {
+	Case      string
+	Transport string
+	Size      int
+	Lat       *Latency // nil: not a latency measurement
+	HasBW     bool     // BW and Rate were measured
+	BW        float64  // GB/s (1e9 bytes/s)
+	Rate      float64  // million messages/s
+}
+
+// Env is what a suite gets: the run's options and its output. It is used by
+// one goroutine at a time.
+type Env struct {
+	ctx    context.Context
+	out    io.Writer
+	quick  bool
+	plan   plan
+	cpus   [2]int // measuring CPU of this process and of the peer; -1: unpinned
+	suite  string // the suite running now
+	header bool   // table header printed for the current suite
+}
+
+func newEnv(ctx context.Context, out io.Writer, quick, pin bool) (*Env, error) {
+	e := &Env{ctx: ctx, out: out, quick: quick, cpus: [2]int{-1, -1}}
+	switch {
+	case testTiny:
+		e.plan = tinyPlan()
+	case quick:
+		e.plan = quickPlan()
+	default:
+		e.plan = fullPlan()
+	}
+	if pin {
+		cpus, err := sys.AllowedCPUs()
+		if err != nil {
+			return nil, fmt.Errorf("read CPU affinity: %w", err)
+		}
+		if len(cpus) >= 2 {
+			e.cpus = [2]int{cpus[0], cpus[1]}
+		}
+	}
+	return e, nil
+}
+
+func (e *Env) describe() string {
+	mode := "full"
+	if e.quick {
+		mode = "quick"
+	}
+	pin := "unpinned"
+	if e.cpus[0] >= 0 {
+		pin = fmt.Sprintf("pinned to CPUs %d (this) and %d (peer)", e.cpus[0], e.cpus[1])
+	}
+	load := "?"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		// Other work on the machine shows in every number: say how much.
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			load = strings.Join(f[:3], " ")
+		}
+	}
+	return fmt.Sprintf("%s run, %s, %d CPUs, %s, load %s, clock read %v, %s", mode, runtime.Version(),
+		runtime.NumCPU(), pin, load, clockCost(), time.Now().Format(time.RFC3339))
+}
+
+// clockCost is the least time between two clock reads as the sampler makes
+// them: part of every latency sample, floors included.
+func clockCost() time.Duration {
+	base := time.Now()
+	best := time.Duration(1 << 62)
+	last := time.Since(base)
+	for range 10000 {
+		now := time.Since(base)
+		best = min(best, now-last)
+		last = now
+	}
+	return best
+}
+
+// Report prints r as a table row and returns its records.
+func (e *Env) Report(r Result) []Record {
+	printRow(e.out, r)
+	rec := func(metric string, v float64) Record {
+		return Record{Suite: e.suite, Case: r.Case, Transport: r.Transport, Size: r.Size, Metric: metric, Value: v}
+	}
+	var out []Record
+	if r.Lat != nil {
+		out = append(out,
+			rec(metricLatMin, r.Lat.Min),
+			rec(metricLatP50, r.Lat.P50),
+			rec(metricLatP99, r.Lat.P99),
+			rec(metricLatP999, r.Lat.P999))
+	}
+	if r.HasBW {
+		out = append(out, rec(metricBW, r.BW), rec(metricRate, r.Rate))
+	}
+	return out
+}
+
+// plan is how long and over which sizes the suites measure.
+type plan struct {
+	latWarm   int           // busy-poll round trips before measuring
+	latMax    int           // at most this many measured busy-poll round trips
+	latTime   time.Duration // per size, busy-poll
+	blockWarm int           // the same for sleeping (futex) round trips
+	blockMax  int
+	blockTime time.Duration
+	bwTime    time.Duration // per size, throughput
+
+	pingSizes   []int // ring ping-pong, busy
+	blockSizes  []int // ring ping-pong, block
+	streamSizes []int // ring streaming
+	copySizes   []int // memcpy
+}
+
+// testTiny shrinks every run to a few milliseconds; set by tests only.
+var testTiny bool
+
+func pow2Sizes(from, to, step int) []int {
+	var s []int
+	for n := from; n <= to; n *= step {
+		s = append(s, n)
+	}
+	return s
+}
+
+const (
+	kiB = 1 << 10
+	miB = 1 << 20
+)
+
+func fullPlan() plan {
+	return plan{
+		latWarm: 20000, latMax: 2_000_000, latTime: time.Second,
+		blockWarm: 500, blockMax: 200_000, blockTime: 2 * time.Second,
+		bwTime:      time.Second,
+		pingSizes:   pow2Sizes(8, 64*kiB, 2),
+		blockSizes:  pow2Sizes(8, 64*kiB, 2),
+		streamSizes: pow2Sizes(64, miB, 4),
+		copySizes:   pow2Sizes(4*kiB, 256*miB, 4),
+	}
+}
+
+func quickPlan() plan {
+	return plan{
+		latWarm: 5000, latMax: 500_000, latTime: 200 * time.Millisecond,
+		blockWarm: 100, blockMax: 50_000, blockTime: 400 * time.Millisecond,
+		bwTime:      200 * time.Millisecond,
+		pingSizes:   []int{8, 64, 512, 4 * kiB, 64 * kiB},
+		blockSizes:  []int{8, 4 * kiB, 64 * kiB},
+		streamSizes: []int{64, kiB, 16 * kiB, 64 * kiB, miB},
+		copySizes:   []int{4 * kiB, 64 * kiB, miB, 16 * miB, 256 * miB},
+	}
+}
+
+func tinyPlan() plan {
+	return plan{
+		latWarm: 50, latMax: 2000, latTime: 5 * time.Millisecond,
+		blockWarm: 5, blockMax: 200, blockTime: 5 * time.Millisecond,
+		bwTime:      5 * time.Millisecond,
+		pingSizes:   []int{8, 4 * kiB},
+		blockSizes:  []int{8},
+		streamSizes: []int{64, 64 * kiB},
+		copySizes:   []int{4 * kiB, 64 * kiB},
+	}
+}
