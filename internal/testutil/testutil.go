@@ -75,7 +75,7 @@ func runChild(name string) int {
 	}
 	var args []string
 	if a := os.Getenv(envArgs); a != "" {
-		args = strings.Split(a, "\x00")
+		args = strings.Split(a, "\x1f")
 	}
 	if err := f(args); err != nil {
 		fmt.Fprintf(os.Stderr, "child %s: %v\n", name, err)
@@ -108,7 +108,7 @@ func startChild(tb testing.TB, exe string, attr *syscall.SysProcAttr, name strin
 	tb.Helper()
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.SysProcAttr = attr
-	cmd.Env = append(os.Environ(), envChild+"="+name, envArgs+"="+strings.Join(args, "\x00"))
+	cmd.Env = append(os.Environ(), envChild+"="+name, envArgs+"="+strings.Join(args, "\x1f"))
 	cmd.ExtraFiles = files
 	c := &Child{Cmd: cmd, done: make(chan struct{})}
 	cmd.Stdout = &c.output
