@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Regenerates the committed BPF objects of internal/bpfmon from
+# internal/bpfmon/bpf/bpfmon.c (bpf2go v0.22.0), installing clang, llvm and
+# libbpf-dev first when clang is missing. Building the project never needs
+# this: the generated .o and .go files are committed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v clang >/dev/null || [ ! -e /usr/include/bpf/bpf_helpers.h ]; then
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends clang llvm libbpf-dev >/dev/null
+fi
+go generate ./internal/bpfmon
+git status --short internal/bpfmon
