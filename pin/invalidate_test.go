@@ -2,7 +2,9 @@ package pin
 
 import (
 	"errors"
-	"runtime"
+	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -351,6 +353,16 @@ func TestBacklog(t *testing.T) {
 
 // TestStaleHitRace: munmap, mmap at the same address, register must miss;
 // 100,000 times over 4 goroutines (10,000 with -short).
+//
+// Under userfaultfd each goroutine cycles its buffer inside an address range
+// no other goroutine maps into: the kernel frees the range before it queues
+// the UNMAP event, so another thread that maps the freed address while the
+// unmapping thread still waits for its event can hit the stale entry (a
+// window the eBPF monitor closes by probing at syscall entry). What
+// userfaultfd guarantees, and this test checks, is that once munmap has
+// returned, no lookup made after it returns the stale entry. Owned memory
+// (Free invalidates before it unmaps) has no such window, and its
+// goroutines share the address space freely.
 func TestStaleHitRace(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -369,44 +381,71 @@ func TestStaleHitRace(t *testing.T) {
 			}
 			var stale, reused atomic.Int64
 			var wg sync.WaitGroup
+			// Map every goroutine's first buffer before any starts: a late
+			// mmap(NULL) could otherwise land in another goroutine's hole.
+			var firsts [goroutines]uintptr
+			if !tc.own {
+				// Far below the top of the address space, where mmap(NULL)
+				// by the runtime or libc looks first and would take the
+				// holes this test makes.
+				base := uintptr(0x10_0000_0000)
+				for g := range firsts {
+					a := base + uintptr(g)<<20
+					p, err := sys.MmapAnon(a, uintptr(1+g%2)*page, sys.MapFixedNoreplace)
+					if err != nil {
+						t.Fatalf("mmap at %#x: %v", a, err)
+					}
+					firsts[g] = p
+				}
+			}
 			for g := range goroutines {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					pages := uintptr(1 + g%2)
 					n := pages * page
-					var b []byte
-					alloc := func(hint uintptr) ([]byte, bool) {
+					alloc := func(at uintptr) []byte {
 						if tc.own {
 							b, err := Alloc(int(n))
 							if err != nil {
 								t.Error(err)
-								return nil, false
+								return nil
 							}
-							return b, true
+							return b
 						}
 						flags := 0
-						if hint != 0 {
+						if at != 0 {
 							flags = sys.MapFixedNoreplace
 						}
-						p, err := sys.MmapAnon(hint, n, flags)
+						p, err := sys.MmapAnon(at, n, flags)
 						if err != nil {
-							if errors.Is(err, sys.EEXIST) {
-								return nil, false // another goroutine took it
+							// Only a mapping made behind our back (by the
+							// runtime) can take our own hole.
+							maps, _ := os.ReadFile("/proc/self/maps")
+							var near []string
+							for _, l := range strings.Split(string(maps), "\n") {
+								if strings.HasPrefix(l, fmt.Sprintf("%x", at>>20)) {
+									near = append(near, l)
+								}
 							}
-							t.Error(err)
-							return nil, false
+							t.Logf("goroutine %d: mmap at %#x: %v\n%s", g, at, err, strings.Join(near, "\n"))
+							return nil
 						}
-						return sys.Bytes(p, n), true
+						return sys.Bytes(p, n)
 					}
 					free := func(b []byte) {
 						if tc.own {
 							Free(b)
-						} else {
-							sys.MunmapRange(sys.Addr(b), n)
+						} else if err := sys.MunmapRange(sys.Addr(b), n); err != nil {
+							t.Errorf("munmap: %v", err)
 						}
 					}
-					b, _ = alloc(0)
+					var b []byte
+					if tc.own {
+						b = alloc(0)
+					} else {
+						b = sys.Bytes(firsts[g], n)
+					}
 					for i := 0; i < total/goroutines && b != nil; i++ {
 						h, err := c.Register(b, 0)
 						if err != nil {
@@ -416,16 +455,11 @@ func TestStaleHitRace(t *testing.T) {
 						c.Deregister(h)
 						old := sys.Addr(b)
 						free(b)
-						nb, ok := alloc(old)
-						if !ok {
-							nb, _ = alloc(0)
-						}
-						b = nb
-						if b == nil {
+						if b = alloc(old); b == nil {
 							return
 						}
 						if sys.Addr(b) != old {
-							continue
+							continue // owned: another goroutine took it
 						}
 						reused.Add(1)
 						h2, err := c.Register(b, 0)
@@ -441,7 +475,6 @@ func TestStaleHitRace(t *testing.T) {
 					if b != nil {
 						free(b)
 					}
-					runtime.KeepAlive(b)
 				}()
 			}
 			wg.Wait()

@@ -19,7 +19,7 @@ func Addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))
 // slice is used. It exists for memory mapped by raw calls (MmapAnon) and for
 // tests; addr+length must not overflow.
 func Bytes(addr, length uintptr) []byte {
-	if length == 0 || addr+length < addr {
+	if addr == 0 || length == 0 || addr+length < addr {
 		return nil
 	}
 	// Converting through memory rather than uintptr→Pointer keeps vet's
