@@ -545,6 +545,9 @@ func (c *Cache) Close() error {
 	c.closed = true
 	c.flushLocked(nil)
 	c.ctr.fullFlushes.Add(1)
+	// Entries still in use are released after the monitor is gone: their
+	// ranges go with its fd.
+	c.pins.unwatch = nil
 	c.mu.Unlock()
 	unregisterCache(c)
 	close(c.done)

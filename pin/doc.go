@@ -27,6 +27,17 @@
 // registration is not cached: correctness before speed. Cache.Monitor tells
 // which monitor runs and why the better ones cannot.
 //
+// Limits of the userfaultfd monitor: the kernel frees an unmapped range
+// before it queues the event, so a thread that maps the freed address while
+// the unmapping thread still waits for its event may get the stale entry
+// (the guarantee is for lookups made after munmap has returned, and the eBPF
+// monitor, probing at syscall entry, closes that window); only anonymous
+// private and shmem mappings can be watched (others are registered
+// uncached); one cache per process can watch a range (a second cache's
+// registrations of it are uncached); after mremap moves a locked range, the
+// new range stays locked until unmapped; a hole punched in a shared file
+// (fallocate) through another mapping raises no event.
+//
 // Go memory: the Go heap reuses freed addresses with no system call, so a
 // cached registration keeps its buffer's object alive; the GC cannot hand
 // the address out again while the registration is cached. Stack memory is
@@ -35,7 +46,8 @@
 // # Concurrency
 //
 // A Cache is safe for concurrent use. One mutex guards its index; a hit
-// holds it for a lookup. The monitor's fast path is one atomic load of an
+// holds it for a lookup, a miss for the mlock and the NIC registration (so a
+// large miss delays concurrent hits). The monitor's fast path is one atomic load of an
 // epoch per Register. Hooks run under the mutex and must not call back into
 // the Cache. Alloc and Free are safe for concurrent use.
 //
