@@ -52,7 +52,9 @@ type ctlMsg struct {
 	Size     int    `json:"size,omitempty"`     // record size
 	Capacity int    `json:"capacity,omitempty"` // ring capacity
 	CPU      int    `json:"cpu"`                // CPU to pin the child's thread to; -1: none
+	Addr     string `json:"addr,omitempty"`     // rdma: the address the child listens on
 	Err      string `json:"err,omitempty"`      // in "done": the child's failure
+	Preempt  int64  `json:"preempt,omitempty"`  // in "done": the child's preemptions
 }
 
 // A peerRole is the body of a child process: it serves commands from pc
@@ -209,6 +211,7 @@ func (p *peer) await(ctx context.Context, op string, timeout time.Duration) erro
 		case m.Op != op:
 			return p.failure(fmt.Errorf("peer sent %q, want %q", m.Op, op))
 		}
+		preempted.Add(m.Preempt)
 		return nil
 	case <-p.exited:
 		return p.failure(fmt.Errorf("waiting for %q: %w", op, errPeerExited))
@@ -283,8 +286,14 @@ func (t *tailBuffer) String() string {
 	return t.b.String()
 }
 
+// preempted counts the involuntary context switches of measuring threads
+// (in pinned; the peer's arrive with its "done") since Env.Report last took
+// them.
+var preempted atomic.Int64
+
 // pinned runs f on a locked OS thread restricted to cpu (cpu < 0: not
-// restricted, but still locked).
+// restricted, but still locked), and counts how often that thread was
+// preempted meanwhile.
 func pinned(cpu int, f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -295,6 +304,12 @@ func pinned(cpu int, f func() error) error {
 		}
 		defer restore()
 	}
+	before, err := sys.ThreadPreemptions()
+	defer func() {
+		if after, err2 := sys.ThreadPreemptions(); err == nil && err2 == nil {
+			preempted.Add(after - before)
+		}
+	}()
 	return f()
 }
 
@@ -373,7 +388,7 @@ func (pc *peerConn) ready() error { return pc.enc.Encode(ctlMsg{Op: "ready"}) }
 
 // done ends the command; err (may be nil) goes to the parent.
 func (pc *peerConn) done(err error) error {
-	m := ctlMsg{Op: "done"}
+	m := ctlMsg{Op: "done", Preempt: preempted.Swap(0)}
 	if err != nil {
 		m.Err = err.Error()
 	}

@@ -480,6 +480,9 @@ func (qp *QueuePair) readConn() {
 		qp.peer.segChanged = nil
 	}
 	qp.peer.segMu.Unlock()
+	// Sends the peer committed before it went are delivered first, as far
+	// as receives are posted: a hang-up must not overtake data.
+	qp.progressRecv()
 	if qp.setError(reason) {
 		qp.flush()
 	}

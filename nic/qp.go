@@ -1,6 +1,7 @@
 package nic
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -57,6 +58,7 @@ type sendOp struct {
 	checked  bool
 	ent      remoteEntry
 	rnrSince time.Time
+	rnrHead  uint64 // the peer's ring position when rnrSince was set
 }
 
 type peerInfo struct {
@@ -184,17 +186,21 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 			return nil
 		}
 		// A send that found the peer's ring full: the engine retries it.
-		op.rnrSince = time.Now()
+		op.rnrSince, op.rnrHead = time.Now(), qp.out.Released()
 		return qp.enqueueLocked(&op)
 	}
 	return qp.enqueueLocked(&sendOp{wr: wr})
 }
 
-// enqueueLocked queues op for the engine and unlocks sqMu.
+// enqueueLocked queues op for the engine and unlocks sqMu. An inline
+// send's data is copied now: the caller may reuse its buffer at once.
 func (qp *QueuePair) enqueueLocked(op *sendOp) error {
 	defer qp.sqMu.Unlock()
 	if len(qp.sq) >= qp.dev.cfg.SendDepth {
 		return ErrQueueFull
+	}
+	if op.wr.Op == OpSend && len(op.wr.Local) <= qp.dev.attr.MaxInline {
+		op.wr.Local = bytes.Clone(op.wr.Local)
 	}
 	qp.sq = append(qp.sq, op)
 	if !qp.queued {
@@ -519,8 +525,9 @@ func (qp *QueuePair) engineTurn() bool {
 	if !finished && op.wr.Op == OpSend {
 		qp.stats.RNRRetries.Add(1)
 		qp.dev.stats.RNRRetries.Add(1)
-		if op.rnrSince.IsZero() {
-			op.rnrSince = time.Now()
+		// The timeout runs while the peer consumes nothing at all.
+		if head := qp.out.Released(); op.rnrSince.IsZero() || head != op.rnrHead {
+			op.rnrSince, op.rnrHead = time.Now(), head
 		} else if time.Since(op.rnrSince) > qp.dev.cfg.RNRTimeout {
 			st, reason, finished = StatusRNRRetryExceeded, fmt.Errorf("peer consumed nothing for %v", qp.dev.cfg.RNRTimeout), true
 		}

@@ -183,6 +183,10 @@ func NewProducer(region []byte, cfg WaitConfig) (*Producer, error) {
 	return p, nil
 }
 
+// Released returns the consumer's position as this producer last loaded
+// it: how far the consumer has released records. It only grows.
+func (p *Producer) Released() uint64 { return p.headCache }
+
 // Stats returns the producer's wait counters. Call it from the goroutine
 // that writes, or after writing has stopped.
 func (p *Producer) Stats() WaitStats { return p.stats }

@@ -1,0 +1,640 @@
+package main
+
+// Suite rdma: the emulated NIC between two processes, perftest's cases.
+//
+//   - send_lat: send ping-pong; half round trip.
+//   - write_lat: each side RDMA-Writes size bytes into the other's buffer
+//     and polls the last word of its own for the new sequence number, as
+//     perftest's ib_write_lat does; half round trip.
+//   - read_lat: one RDMA Read of size bytes, posted and completed; the
+//     whole operation (a read is a round trip in itself; the number is not
+//     halved, as in ib_read_lat).
+//   - send_bw, write_bw, read_bw: a window of operations kept in flight
+//     for the plan's time; payload bytes per second.
+//
+// Transports: nic/shm, the peer's memory is device memory (Alloc: a shared
+// segment both processes map, so RDMA is one copy); nic/cma, ordinary Go
+// memory, reached with process_vm_writev/readv. cma/raw is the floor of the
+// latter: process_vm_writev/readv called directly, with no NIC around it.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/shm"
+)
+
+func init() {
+	register(&Suite{
+		Name: "rdma",
+		Doc:  "emulated NIC: send/write/read latency and bandwidth (perftest cases), device memory and cross-memory",
+		Run:  runRDMA,
+	})
+	registerPeer("rdma", rdmaPeer)
+}
+
+const (
+	rdmaRing   = 4 << 20 // ring capacity: sends of up to 2 MiB - 16
+	rdmaWindow = 32      // operations in flight for the bandwidth cases
+	rdmaRecvs  = 64      // receives the peer keeps posted
+)
+
+// Control messages over the queue pair (sends), 16 bytes.
+const (
+	rcStop uint32 = iota + 1
+	rcSendLat
+	rcWriteLat
+	rcSendBW
+	rcPassive // the parent works one-sided; the peer waits for the next message
+	rcDone    // from the peer: the case is over
+)
+
+func rdmaConfig() *nic.Config {
+	cfg := nic.DefaultConfig()
+	cfg.RingCapacity = rdmaRing
+	cfg.Wait = shm.WaitConfig{Mode: shm.WaitBusyPoll}
+	cfg.SendDepth = 4 * rdmaWindow
+	cfg.RecvDepth = 4 * rdmaRecvs
+	return &cfg
+}
+
+type rdmaSide struct {
+	d        *nic.Device
+	scq, rcq *nic.CompletionQueue
+	qp       *nic.QueuePair
+	buf      []byte // exposed for remote read and write
+	mr       *nic.MemoryRegion
+	peerAddr uint64
+	peerKey  uint64
+	ctl      []byte // control messages out
+	recvBufs [][]byte
+	recvMR   []*nic.MemoryRegion
+	cbuf     [8]nic.Completion
+	scratch  []byte
+}
+
+// setup allocates and exposes buf (device memory for "shm"), posts
+// receives, and swaps buffer descriptors with the other side.
+func (s *rdmaSide) setup(mem string, size int) error {
+	var err error
+	if mem == "shm" {
+		s.buf, err = s.d.Alloc(size)
+	} else {
+		s.buf = make([]byte, size)
+	}
+	if err != nil {
+		return err
+	}
+	if s.mr, err = s.d.RegisterRemote(s.buf, nic.AccessLocalWrite|nic.AccessRemoteRead|nic.AccessRemoteWrite); err != nil {
+		return err
+	}
+	for range rdmaRecvs {
+		b := make([]byte, s.d.Attr().MaxSend)
+		mr, err := s.d.Register(b, nic.AccessLocalWrite)
+		if err != nil {
+			return err
+		}
+		s.recvBufs = append(s.recvBufs, b)
+		s.recvMR = append(s.recvMR, mr)
+		if err := s.qp.PostRecv(nic.RecvWR{ID: uint64(len(s.recvBufs) - 1), Buf: b, LKey: mr.LKey}); err != nil {
+			return err
+		}
+	}
+	s.scratch = make([]byte, 0, s.d.Attr().MaxSend)
+	s.ctl = make([]byte, 16)
+	binary.LittleEndian.PutUint64(s.ctl[0:], uint64(s.mr.Addr))
+	binary.LittleEndian.PutUint64(s.ctl[8:], s.mr.RKey)
+	if err := s.send(s.ctl); err != nil {
+		return err
+	}
+	m, err := s.recv()
+	if err != nil {
+		return err
+	}
+	if len(m) != 16 {
+		return fmt.Errorf("descriptor of %d bytes", len(m))
+	}
+	s.peerAddr, s.peerKey = binary.LittleEndian.Uint64(m), binary.LittleEndian.Uint64(m[8:])
+	return nil
+}
+
+func (s *rdmaSide) send(b []byte) error { return s.sendKey(b, 0) }
+
+// sendKey sends b from the region lkey (0 for an inline send).
+func (s *rdmaSide) sendKey(b []byte, lkey uint32) error {
+	if err := s.qp.PostSend(nic.SendWR{Op: nic.OpSend, Local: b, LKey: lkey}); err != nil {
+		return err
+	}
+	return s.waitSend(1)
+}
+
+// waitSend waits for n send-queue completions, failing on any error.
+func (s *rdmaSide) waitSend(n int) error {
+	for n > 0 {
+		k, err := s.scq.Wait(s.cbuf[:min(n, len(s.cbuf))], time.Now().Add(30*time.Second))
+		if err != nil {
+			return fmt.Errorf("send completion: %w", err)
+		}
+		for _, c := range s.cbuf[:k] {
+			if err := c.Err(); err != nil {
+				return err
+			}
+		}
+		n -= k
+	}
+	return nil
+}
+
+// recv returns a copy of the next message and reposts its buffer.
+func (s *rdmaSide) recv() ([]byte, error) {
+	b, id, err := s.recvNoRepost()
+	if err != nil {
+		return nil, err
+	}
+	m := append(s.scratch[:0], b...)
+	s.repost(id)
+	return m, nil
+}
+
+// recvNoRepost returns the next message in place; the caller reposts its
+// buffer (repost) once it is done with it.
+func (s *rdmaSide) recvNoRepost() ([]byte, uint64, error) {
+	k, err := s.rcq.Wait(s.cbuf[:1], time.Now().Add(30*time.Second))
+	if err != nil {
+		return nil, 0, fmt.Errorf("receive completion: %w", err)
+	}
+	if k != 1 {
+		return nil, 0, errors.New("no receive completion")
+	}
+	c := s.cbuf[0]
+	if err := c.Err(); err != nil {
+		return nil, 0, err
+	}
+	return s.recvBufs[c.ID][:c.Bytes], c.ID, nil
+}
+
+// repost posts receive buffer id again. A failure (the other side closed
+// after its last message) shows in the next recv.
+func (s *rdmaSide) repost(id uint64) {
+	s.qp.PostRecv(nic.RecvWR{ID: id, Buf: s.recvBufs[id], LKey: s.recvMR[id].LKey})
+}
+
+func (s *rdmaSide) command(op, size uint32, count uint64) error {
+	var m [16]byte
+	binary.LittleEndian.PutUint32(m[0:], op)
+	binary.LittleEndian.PutUint32(m[4:], size)
+	binary.LittleEndian.PutUint64(m[8:], count)
+	return s.send(m[:])
+}
+
+func (s *rdmaSide) close() {
+	if s.qp != nil {
+		s.qp.Close()
+	}
+	s.d.Close()
+}
+
+func rdmaSizes(env *Env) (lat, bw []int) {
+	switch {
+	case testTiny:
+		return []int{8, 4 * kiB}, []int{4 * kiB, 64 * kiB}
+	case env.quick:
+		return []int{8, 64, 4 * kiB, 64 * kiB}, []int{64, 4 * kiB, 64 * kiB, miB, 16 * miB}
+	}
+	return pow2Sizes(8, 64*kiB, 4), pow2Sizes(8, 16*miB, 4)
+}
+
+func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
+	p, err := startPeer(env, "rdma")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := p.close(); err == nil {
+			err = cerr
+		}
+	}()
+	latSizes, bwSizes := rdmaSizes(env)
+	maxSize := bwSizes[len(bwSizes)-1]
+	for _, mem := range []string{"shm", "cma"} {
+		addr := fmt.Sprintf("@sandirect-bench-%d-%s", os.Getpid(), mem)
+		s := &rdmaSide{}
+		if s.d, err = nic.Open(rdmaConfig()); err != nil {
+			return recs, err
+		}
+		abort := func(error) { s.d.Close() }
+		cmd := ctlMsg{Op: "rdma", Mode: mem, Size: maxSize, Addr: addr}
+		err = p.run(ctx, cmd, abort, func() error {
+			defer s.close()
+			s.scq, s.rcq = s.d.NewCQ(), s.d.NewCQ()
+			var err error
+			if s.qp, err = s.d.Dial(addr, nic.QPOptions{SendCQ: s.scq, RecvCQ: s.rcq}); err != nil {
+				return err
+			}
+			if err := s.setup(mem, maxSize); err != nil {
+				return err
+			}
+			return pinned(env.cpus[0], func() error {
+				r, err := rdmaCases(ctx, env, s, mem, latSizes, bwSizes)
+				recs = append(recs, r...)
+				if err != nil {
+					return err
+				}
+				return s.command(rcStop, 0, 0)
+			})
+		})
+		if err != nil {
+			return recs, fmt.Errorf("nic/%s: %w", mem, err)
+		}
+	}
+	return recs, nil
+}
+
+func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes, bwSizes []int) (recs []Record, err error) {
+	transport := "nic/" + mem
+	smp := newSampler(env.plan.latMax)
+	report := func(cas string, size int, lat *Latency) {
+		recs = append(recs, env.Report(Result{Case: cas, Transport: transport, Size: size, Lat: lat})...)
+	}
+	src := make([]byte, bwSizes[len(bwSizes)-1])
+	smr, err := s.d.Register(src, nic.AccessLocalWrite)
+	if err != nil {
+		return nil, err
+	}
+	if mem == "shm" { // sends do not depend on where RDMA targets live
+		for _, size := range latSizes {
+			if err := s.command(rcSendLat, uint32(size), uint64(env.plan.latMax)); err != nil {
+				return recs, err
+			}
+			wr := nic.SendWR{Op: nic.OpSend, Local: src[:size], LKey: smr.LKey}
+			smp.start(env.plan.latTime)
+			for {
+				if err := s.qp.PostSend(wr); err != nil {
+					return recs, err
+				}
+				_, id, err := s.recvNoRepost()
+				if err != nil {
+					return recs, err
+				}
+				s.repost(id)
+				if err := s.waitSend(1); err != nil {
+					return recs, err
+				}
+				if !smp.lap() {
+					break
+				}
+			}
+			// Tell the peer to stop echoing: a zero-byte send ends its loop.
+			if err := s.send(nil); err != nil {
+				return recs, err
+			}
+			if err := s.awaitDone(); err != nil {
+				return recs, err
+			}
+			report("send_lat", size, summarize(smp.result()))
+		}
+	}
+	for _, size := range latSizes {
+		if err := s.command(rcWriteLat, uint32(size), 0); err != nil {
+			return recs, err
+		}
+		wr := nic.SendWR{Op: nic.OpWrite, Local: src[:size], LKey: smr.LKey, Remote: s.peerAddr, RKey: s.peerKey}
+		smp.start(env.plan.latTime)
+		for seq := uint64(1); ; seq++ {
+			binary.LittleEndian.PutUint64(src[size-8:], seq)
+			if err := s.qp.PostSend(wr); err != nil {
+				return recs, err
+			}
+			for shm.LoadUint64(s.buf, size-8) != seq {
+				if s.qp.State() != nic.QPReady {
+					return recs, s.qp.Err()
+				}
+			}
+			if err := s.waitSend(1); err != nil {
+				return recs, err
+			}
+			if !smp.lap() {
+				binary.LittleEndian.PutUint64(src[size-8:], 0) // zero: stop
+				if err := s.qp.PostSend(wr); err != nil {
+					return recs, err
+				}
+				if err := s.waitSend(1); err != nil {
+					return recs, err
+				}
+				break
+			}
+		}
+		if err := s.awaitDone(); err != nil {
+			return recs, err
+		}
+		report("write_lat", size, summarize(smp.result()))
+	}
+	if err := s.command(rcPassive, 0, 0); err != nil {
+		return recs, err
+	}
+	for _, size := range latSizes {
+		wr := nic.SendWR{Op: nic.OpRead, Local: src[:size], LKey: smr.LKey, Remote: s.peerAddr, RKey: s.peerKey}
+		smp.start(env.plan.latTime)
+		for {
+			if err := s.qp.PostSend(wr); err != nil {
+				return recs, err
+			}
+			if err := s.waitSend(1); err != nil {
+				return recs, err
+			}
+			if !smp.lap() {
+				break
+			}
+		}
+		rt := smp.result()
+		for i := range rt {
+			rt[i] *= 2 // report the whole read, not half of it
+		}
+		report("read_lat", size, summarize(rt))
+	}
+	for _, op := range []nic.Opcode{nic.OpWrite, nic.OpRead} {
+		for _, size := range bwSizes {
+			gbps, mps, err := s.bandwidth(env, op, src[:size], smr.LKey)
+			if err != nil {
+				return recs, err
+			}
+			recs = append(recs, env.Report(Result{Case: op.String()[5:] + "_bw", Transport: transport, Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+		}
+	}
+	if mem == "cma" {
+		for _, write := range []bool{true, false} {
+			for _, size := range bwSizes {
+				gbps, mps, err := rawCMA(env, s.qp.PeerPID(), src[:size], s.peerAddr, write)
+				if err != nil {
+					return recs, err
+				}
+				cas := "read_bw"
+				if write {
+					cas = "write_bw"
+				}
+				recs = append(recs, env.Report(Result{Case: cas, Transport: "cma/raw", Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+			}
+		}
+	}
+	if err := s.command(rcDone, 0, 0); err != nil { // ends the passive phase
+		return recs, err
+	}
+	if err := s.awaitDone(); err != nil {
+		return recs, err
+	}
+	maxSend := s.d.Attr().MaxSend
+	if mem == "shm" {
+		for _, size := range bwSizes {
+			if size > maxSend {
+				break
+			}
+			gbps, mps, err := s.sendBandwidth(env, src[:size], smr.LKey)
+			if err != nil {
+				return recs, err
+			}
+			recs = append(recs, env.Report(Result{Case: "send_bw", Transport: transport, Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+		}
+	}
+	return recs, ctx.Err()
+}
+
+func (s *rdmaSide) awaitDone() error {
+	m, err := s.recv()
+	if err != nil {
+		return err
+	}
+	if len(m) != 16 || binary.LittleEndian.Uint32(m) != rcDone {
+		return fmt.Errorf("peer answered %d bytes instead of done", len(m))
+	}
+	return nil
+}
+
+// bandwidth keeps rdmaWindow one-sided operations in flight for the plan's
+// time.
+func (s *rdmaSide) bandwidth(env *Env, op nic.Opcode, local []byte, lkey uint32) (float64, float64, error) {
+	wr := nic.SendWR{Op: op, Local: local, LKey: lkey, Remote: s.peerAddr, RKey: s.peerKey}
+	var n int64
+	inflight := 0
+	start := time.Now()
+	for {
+		for inflight < rdmaWindow {
+			if err := s.qp.PostSend(wr); err != nil {
+				return 0, 0, err
+			}
+			inflight++
+		}
+		k, err := s.scq.Wait(s.cbuf[:], time.Now().Add(30*time.Second))
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, c := range s.cbuf[:k] {
+			if err := c.Err(); err != nil {
+				return 0, 0, err
+			}
+		}
+		inflight -= k
+		n += int64(k)
+		if time.Since(start) > env.plan.bwTime {
+			break
+		}
+	}
+	if err := s.waitSend(inflight); err != nil {
+		return 0, 0, err
+	}
+	n += int64(inflight)
+	gbps, mps := throughput(len(local), n, time.Since(start))
+	return gbps, mps, nil
+}
+
+// sendBandwidth streams sends; the peer acknowledges the count at the end.
+func (s *rdmaSide) sendBandwidth(env *Env, local []byte, lkey uint32) (float64, float64, error) {
+	if err := s.command(rcSendBW, uint32(len(local)), 0); err != nil {
+		return 0, 0, err
+	}
+	wr := nic.SendWR{Op: nic.OpSend, Local: local, LKey: lkey}
+	var n int64
+	inflight := 0
+	start := time.Now()
+	for time.Since(start) < env.plan.bwTime {
+		for inflight < rdmaWindow {
+			if err := s.qp.PostSend(wr); err != nil {
+				return 0, 0, err
+			}
+			inflight++
+			n++
+		}
+		k, err := s.scq.Wait(s.cbuf[:], time.Now().Add(30*time.Second))
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, c := range s.cbuf[:k] {
+			if err := c.Err(); err != nil {
+				return 0, 0, err
+			}
+		}
+		inflight -= k
+	}
+	if err := s.waitSend(inflight); err != nil {
+		return 0, 0, err
+	}
+	if err := s.send(nil); err != nil { // end of the stream
+		return 0, 0, err
+	}
+	m, err := s.recv()
+	if err != nil {
+		return 0, 0, err
+	}
+	d := time.Since(start)
+	if len(m) != 16 || binary.LittleEndian.Uint64(m[8:]) != uint64(n) {
+		return 0, 0, fmt.Errorf("peer received %d of %d sends", binary.LittleEndian.Uint64(m[8:]), n)
+	}
+	gbps, mps := throughput(len(local), n, d)
+	return gbps, mps, nil
+}
+
+// rawCMA is the floor of nic/cma: process_vm_writev/readv in a loop.
+func rawCMA(env *Env, pid int, local []byte, raddr uint64, write bool) (float64, float64, error) {
+	var n int64
+	start := time.Now()
+	for n == 0 || time.Since(start) < env.plan.bwTime {
+		var err error
+		if write {
+			_, err = sys.ProcessVMWritev(pid, local, uintptr(raddr))
+		} else {
+			_, err = sys.ProcessVMReadv(pid, local, uintptr(raddr))
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		n++
+	}
+	gbps, mps := throughput(len(local), n, time.Since(start))
+	return gbps, mps, nil
+}
+
+// rdmaPeer serves one connection per command: it listens, accepts, swaps
+// descriptors and then follows the parent's control messages.
+func rdmaPeer(pc *peerConn) error {
+	return pc.serve(func(cmd ctlMsg) error {
+		s := &rdmaSide{}
+		var err error
+		if s.d, err = nic.Open(rdmaConfig()); err != nil {
+			return err
+		}
+		defer s.close()
+		ln, err := s.d.Listen(cmd.Addr)
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		if err := pc.ready(); err != nil {
+			return err
+		}
+		s.scq, s.rcq = s.d.NewCQ(), s.d.NewCQ()
+		if s.qp, err = ln.Accept(nic.QPOptions{SendCQ: s.scq, RecvCQ: s.rcq}); err != nil {
+			return err
+		}
+		if err := s.setup(cmd.Mode, cmd.Size); err != nil {
+			return err
+		}
+		if err := s.follow(); err != nil {
+			// Also on stderr: the parent may kill us before it reads "done".
+			fmt.Fprintf(os.Stderr, "rdma peer: %v\n", err)
+			return err
+		}
+		return nil
+	})
+}
+
+func (s *rdmaSide) follow() error {
+	done := make([]byte, 16)
+	binary.LittleEndian.PutUint32(done, rcDone)
+	for {
+		m, err := s.recv()
+		if err != nil {
+			return err
+		}
+		if len(m) != 16 {
+			return fmt.Errorf("control message of %d bytes", len(m))
+		}
+		op, size := binary.LittleEndian.Uint32(m), int(binary.LittleEndian.Uint32(m[4:]))
+		switch op {
+		case rcStop:
+			return nil
+		case rcSendLat:
+			for {
+				m, id, err := s.recvNoRepost()
+				if err != nil {
+					return err
+				}
+				if len(m) == 0 {
+					s.repost(id)
+					break
+				}
+				err = s.sendKey(m, s.recvMR[id].LKey)
+				s.repost(id)
+				if err != nil {
+					return err
+				}
+			}
+		case rcWriteLat:
+			out := make([]byte, size)
+			mr, err := s.d.Register(out, 0)
+			if err != nil {
+				return err
+			}
+			wr := nic.SendWR{Op: nic.OpWrite, Local: out, LKey: mr.LKey, Remote: s.peerAddr, RKey: s.peerKey}
+			for last := uint64(0); ; {
+				var seq uint64
+				for seq = shm.LoadUint64(s.buf, size-8); seq == last; seq = shm.LoadUint64(s.buf, size-8) {
+					if s.qp.State() != nic.QPReady {
+						return s.qp.Err()
+					}
+				}
+				if seq == 0 {
+					shm.StoreUint64(s.buf, size-8, 0)
+					break
+				}
+				last = seq
+				binary.LittleEndian.PutUint64(out[size-8:], seq)
+				if err := s.qp.PostSend(wr); err != nil {
+					return err
+				}
+				if err := s.waitSend(1); err != nil {
+					return err
+				}
+			}
+			s.d.Deregister(mr)
+		case rcPassive:
+			if _, err := s.recv(); err != nil { // the parent's rcDone
+				return err
+			}
+		case rcSendBW:
+			var n uint64
+			for {
+				m, id, err := s.recvNoRepost()
+				if err != nil {
+					return err
+				}
+				s.repost(id)
+				if len(m) == 0 {
+					break
+				}
+				n++
+			}
+			binary.LittleEndian.PutUint64(done[8:], n)
+		default:
+			return fmt.Errorf("unknown control op %d", op)
+		}
+		if err := s.send(done); err != nil {
+			return err
+		}
+		binary.LittleEndian.PutUint64(done[8:], 0)
+	}
+}
