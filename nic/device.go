@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -39,6 +40,12 @@ type Config struct {
 	Wait shm.WaitConfig
 	// AllowUIDs lists peer uids allowed besides our own.
 	AllowUIDs []uint32
+	// Pin configures the registration cache that pins registered memory
+	// (nil: pin.DefaultConfig; its Hooks are the device's own).
+	Pin *pin.Config
+	// NoPinning registers memory without locking it: for processes that
+	// may not lock memory at all. Registrations are then not cached.
+	NoPinning bool
 }
 
 // DefaultConfig returns the defaults: RDMA Read supported, 256 B inline,
@@ -92,6 +99,7 @@ type Device struct {
 	attr Attr
 
 	regSeg *shm.Segment // registration table, shared read-only with peers
+	cache  *pin.Cache   // pins registered memory; nil with NoPinning
 
 	mu      sync.Mutex // guards regs, free, memSegs, qps, closed; before QP and CQ locks
 	regs    []*MemoryRegion
@@ -155,6 +163,17 @@ func Open(cfg *Config) (*Device, error) {
 	for i := c.MaxRegions - 1; i >= 0; i-- {
 		d.free = append(d.free, i)
 	}
+	if !c.NoPinning {
+		pc := pin.DefaultConfig()
+		if c.Pin != nil {
+			pc = *c.Pin
+		}
+		pc.Hooks = pinHooks{d}
+		if d.cache, err = pin.New(&pc); err != nil {
+			seg.Close()
+			return nil, fmt.Errorf("nic: registration cache: %w", err)
+		}
+	}
 	d.eng = newEngine(d)
 	return d, nil
 }
@@ -164,6 +183,9 @@ func (d *Device) Attr() Attr { return d.attr }
 
 // Config returns the device's configuration.
 func (d *Device) Config() Config { return d.cfg }
+
+// Cache returns the registration cache (nil with NoPinning).
+func (d *Device) Cache() *pin.Cache { return d.cache }
 
 // Stats returns the device's counters.
 func (d *Device) Stats() *DeviceStats { return &d.stats }
@@ -186,6 +208,9 @@ func (d *Device) Close() error {
 		qp.Close()
 	}
 	d.eng.stop()
+	if d.cache != nil {
+		d.cache.Close()
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, ms := range d.memSegs {

@@ -5,6 +5,7 @@ import (
 	"syscall"
 
 	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -28,7 +29,8 @@ type MemoryRegion struct {
 	LKey   uint32 // names the region in local work requests
 	RKey   uint64 // names it in peers' one-sided requests; 0 unless exposed
 
-	buf []byte // keeps Go memory alive while registered
+	buf []byte     // keeps Go memory alive while registered
+	h   pin.Handle // the pinned, cached registration underneath
 	idx int
 	seg uint32
 	off uint64
@@ -61,13 +63,19 @@ func (d *Device) RegisterRemote(buf []byte, access Access) (*MemoryRegion, error
 // WSPDeregisterMemory and WSPDeregisterRdmaMemory).
 func (d *Device) Deregister(mr *MemoryRegion) error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if mr.idx < 0 || mr.idx >= len(d.regs) || d.regs[mr.idx] != mr {
+		d.mu.Unlock()
 		return fmt.Errorf("%w: region not registered", ErrBadKey)
 	}
-	d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0)
+	d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0) // revokes the rkey before anything else
 	d.regs[mr.idx] = nil
 	d.free = append(d.free, mr.idx)
+	d.mu.Unlock()
+	if d.cache != nil {
+		// The pages stay pinned and cached for the next registration. Not
+		// under d.mu: the cache calls our hooks, which take it.
+		d.cache.Deregister(mr.h)
+	}
 	return nil
 }
 
@@ -86,14 +94,28 @@ func (d *Device) register(buf []byte, access Access) (*MemoryRegion, error) {
 		mr.seg = ms.idx
 		mr.off = uint64(mem.Offset(buf, ms.seg.Bytes()))
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, ErrClosed
+	if d.cache != nil {
+		// Pins the pages, or finds them pinned already (a cache hit makes
+		// no system call). Fails with ENOBUFS past the pinning budget.
+		h, err := d.cache.Register(buf, 0)
+		if err != nil {
+			return nil, fmt.Errorf("nic: register: %w", err)
+		}
+		mr.h = h
 	}
-	if len(d.free) == 0 {
+	d.mu.Lock()
+	if d.closed || len(d.free) == 0 {
+		closed := d.closed
+		d.mu.Unlock()
+		if d.cache != nil {
+			d.cache.Deregister(mr.h)
+		}
+		if closed {
+			return nil, ErrClosed
+		}
 		return nil, fmt.Errorf("nic: registration table full (%d regions): %w", len(d.regs), syscall.ENOBUFS)
 	}
+	defer d.mu.Unlock()
 	mr.idx = d.free[len(d.free)-1]
 	d.free = d.free[:len(d.free)-1]
 	mr.LKey = uint32(mr.idx) + 1
@@ -201,4 +223,30 @@ func (t *peerTable) lookup(rkey, addr, n uint64, need Access) (remoteEntry, erro
 func (t *peerTable) stillLive(rkey uint64, seq uint64) bool {
 	idx := int(rkey & (maxRegEntries - 1))
 	return shm.LoadUint64(t.mem, regEntriesStart+idx*entrySize+entSeqOff) == seq
+}
+
+// pinHooks connects the registration cache to the device. Keys live per
+// MemoryRegion in the device's table, byte-exact, so registering,
+// exposing and revoking a cached page range needs nothing from the NIC;
+// what matters is the invalidation: when the cache drops a range because
+// its mapping changed, every region inside it loses remote access at once.
+type pinHooks struct{ d *Device }
+
+func (pinHooks) Register(*pin.Region) error             { return nil }
+func (pinHooks) Expose(*pin.Region, pin.Access) error   { return nil }
+func (pinHooks) Revoke(*pin.Region) (bool, error)       { return false, nil }
+func (pinHooks) Reexpose(*pin.Region, pin.Access) error { return nil }
+func (h pinHooks) Deregister(r *pin.Region)             { h.d.revokeRange(r.Addr, r.Len) }
+
+// revokeRange clears the table entries of every region that overlaps
+// [addr, addr+n): their memory is going away. The regions stay allocated
+// for their holders, whose remote operations now fail.
+func (d *Device) revokeRange(addr, n uintptr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, mr := range d.regs {
+		if mr != nil && mr.Addr < addr+n && addr < mr.Addr+uintptr(mr.Len) {
+			d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0)
+		}
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 func TestSendRecv(t *testing.T) {
@@ -262,4 +264,40 @@ func FuzzParseHello(f *testing.F) {
 			t.Fatalf("accepted inconsistent hello %+v", h)
 		}
 	})
+}
+
+// TestUnmapRevokes registers foreign memory for remote write, unmaps it,
+// and checks that a peer's write fails instead of landing anywhere.
+func TestUnmapRevokes(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	if b.d.Cache() == nil {
+		t.Skip("no pinning")
+	}
+	t.Logf("monitor: %v", b.d.Cache().Monitor())
+	buf, err := sys.MapAnon(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr := register(t, b.d, buf, AccessRemoteWrite)
+	src := make([]byte, 4096)
+	smr := register(t, a.d, src, 0)
+	wr := SendWR{Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(mr.Addr), RKey: mr.RKey}
+	if err := a.qp.PostSend(wr); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, a.scq); c.Status != StatusSuccess {
+		t.Fatalf("write before unmap: %+v", c)
+	}
+	if err := sys.Munmap(buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(wr); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, a.scq); c.Status == StatusSuccess {
+		t.Fatalf("write after unmap succeeded: %+v", c)
+	} else {
+		t.Logf("write after unmap: %v", c.Err())
+	}
+	b.d.Deregister(mr)
 }
