@@ -101,9 +101,7 @@ func runFloor(ctx context.Context, env *Env) (recs []Record, err error) {
 	}
 	recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "futex", Size: 4, Lat: lat})...)
 
-	for _, r := range measureCopy(ctx, env) {
-		recs = append(recs, env.Report(r)...)
-	}
+	recs = append(recs, measureCopy(ctx, env)...)
 	return recs, ctx.Err()
 }
 
@@ -276,8 +274,8 @@ func floorPeer(pc *peerConn) error {
 }
 
 // measureCopy measures single-core copy() bandwidth between two hot buffers
-// of the plan's sizes, in this process.
-func measureCopy(ctx context.Context, env *Env) []Result {
+// of the plan's sizes, in this process, and reports each size.
+func measureCopy(ctx context.Context, env *Env) []Record {
 	sizes := env.plan.copySizes
 	if len(sizes) == 0 {
 		return nil
@@ -293,7 +291,7 @@ func measureCopy(ctx context.Context, env *Env) []Result {
 	}
 	copy(dst, src)
 
-	var out []Result
+	var out []Record
 	const batchBytes = 8 << 20 // per timed batch: long enough to time, short enough to sample
 	bws := make([]float64, 0, 4096)
 	for _, size := range sizes {
@@ -320,7 +318,7 @@ func measureCopy(ctx context.Context, env *Env) []Result {
 		})
 		slices.Sort(bws)
 		bw := bws[len(bws)/2]
-		out = append(out, Result{Case: "copy", Transport: "memcpy", Size: size, BW: bw, Rate: bw * 1e3 / float64(size), HasBW: true})
+		out = append(out, env.Report(Result{Case: "copy", Transport: "memcpy", Size: size, BW: bw, Rate: bw * 1e3 / float64(size), HasBW: true})...)
 	}
 	return out
 }

@@ -37,6 +37,22 @@ func init() {
 		Run:  runRDMA,
 	})
 	registerPeer("rdma", rdmaPeer)
+	// The nic issue's targets, as ratios within one run.
+	targets = append(targets,
+		target{"nic send_lat 8B p50 / busy ring 8B p50",
+			recordKey{"rdma", "send_lat", "nic/shm", 8, metricLatP50},
+			recordKey{"ring", "pingpong", "ring/busy", 8, metricLatP50}, 1.5, true})
+	for _, size := range []int{miB, 16 * miB} {
+		for _, cas := range []string{"write_bw", "read_bw"} {
+			targets = append(targets,
+				target{fmt.Sprintf("nic/shm %s %s / memcpy %s", cas, fsize(size), fsize(size)),
+					recordKey{"rdma", cas, "nic/shm", size, metricBW},
+					recordKey{"floor", "copy", "memcpy", size, metricBW}, 0.8, false},
+				target{fmt.Sprintf("nic/cma %s %s / raw cma %s", cas, fsize(size), fsize(size)),
+					recordKey{"rdma", cas, "nic/cma", size, metricBW},
+					recordKey{"rdma", cas, "cma/raw", size, metricBW}, 0.8, false})
+		}
+	}
 }
 
 const (

@@ -10,12 +10,12 @@ import (
 	"strings"
 )
 
-const rowFormat = "%-9s %-11s %8s %9s %9s %9s %9s %9s %9s\n"
+const rowFormat = "%-9s %-11s %8s %9s %9s %9s %9s %9s %9s %8s\n"
 
 func printSuiteHeader(w io.Writer, suite string) {
 	fmt.Fprintf(w, "\n--- %s %s\n", suite, strings.Repeat("-", 80-len(suite)))
-	fmt.Fprintf(w, rowFormat, "case", "transport", "size", "min", "p50", "p99", "p99.9", "GB/s", "Mmsg/s")
-	fmt.Fprintf(w, rowFormat, "", "", "", "(ns, half", "round", "trip)", "", "", "")
+	fmt.Fprintf(w, rowFormat, "case", "transport", "size", "min", "p50", "p99", "p99.9", "GB/s", "Mmsg/s", "preempt")
+	fmt.Fprintf(w, rowFormat, "", "", "", "(ns, half", "round", "trip)", "", "", "", "")
 }
 
 func printRow(w io.Writer, r Result) {
@@ -26,7 +26,8 @@ func printRow(w io.Writer, r Result) {
 	if r.HasBW {
 		cols[4], cols[5] = fnum(r.BW), fnum(r.Rate)
 	}
-	fmt.Fprintf(w, rowFormat, r.Case, r.Transport, fsize(r.Size), cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
+	fmt.Fprintf(w, rowFormat, r.Case, r.Transport, fsize(r.Size), cols[0], cols[1], cols[2], cols[3], cols[4], cols[5],
+		fmt.Sprint(r.Preempted))
 }
 
 // fnum prints with three significant digits or more, never in exponent form.

@@ -72,6 +72,7 @@ type Result struct {
 	HasBW     bool     // BW and Rate were measured
 	BW        float64  // GB/s (1e9 bytes/s)
 	Rate      float64  // million messages/s
+	Preempted int64    // involuntary context switches of the measuring threads; set by Report
 }
 
 // Env is what a suite gets: the run's options and its output. It is used by
@@ -142,8 +143,10 @@ func clockCost() time.Duration {
 	return best
 }
 
-// Report prints r as a table row and returns its records.
+// Report prints r as a table row and returns its records. The row shows
+// how often the measuring threads were preempted since the previous Report.
 func (e *Env) Report(r Result) []Record {
+	r.Preempted = preempted.Swap(0)
 	printRow(e.out, r)
 	rec := func(metric string, v float64) Record {
 		return Record{Suite: e.suite, Case: r.Case, Transport: r.Transport, Size: r.Size, Metric: metric, Value: v}
