@@ -335,3 +335,29 @@ func TestFormat(t *testing.T) {
 		}
 	}
 }
+
+func TestRunPin(t *testing.T) {
+	tiny(t)
+	var out bytes.Buffer
+	path := filepath.Join(t.TempDir(), "out.json")
+	if err := run(context.Background(), &out, []string{"-quick", "-json", path, "pin"}); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []Record
+	if err := json.Unmarshal(b, &recs); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, r := range recs {
+		if r.Size == miB && r.Metric == metricLatP50 {
+			got[r.Transport] = r.Value
+		}
+	}
+	if !(got["pin/cached"] > 0) || !(got["pin/uncached"] > got["pin/cached"]) {
+		t.Fatalf("1 MiB register p50: %v\n%s", got, out.String())
+	}
+}
