@@ -21,6 +21,7 @@ import (
 func TestMain(m *testing.M) {
 	testutil.RegisterChild("munmapper", childMunmapper)
 	testutil.RegisterChild("open-unprivileged", childOpenUnprivileged)
+	testutil.RegisterChild("pidns-monitor", childPidnsMonitor)
 	testutil.Main(m)
 }
 
@@ -700,4 +701,52 @@ func TestConfigValidate(t *testing.T) {
 	if c := (Config{}); c.Validate() != nil {
 		t.Errorf("zero Config invalid")
 	}
+}
+
+// childPidnsMonitor runs in a new pid namespace: it opens its own Monitor
+// (its ids there are not the global ones) and checks that its munmap is
+// reported, with its thread id as it knows it.
+func childPidnsMonitor([]string) error {
+	if os.Getpid() != 1 {
+		return fmt.Errorf("not in a new pid namespace: pid %d", os.Getpid())
+	}
+	runtime.LockOSThread()
+	m, err := Open(nil)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	a, err := sys.MmapAnon(0, page, 0)
+	if err != nil {
+		return err
+	}
+	if err := m.Watch(a, page); err != nil {
+		return err
+	}
+	before := m.Epoch()
+	sys.MunmapRange(a, page)
+	var got []Event
+	if _, err := m.Sync(func(e Event) {
+		if e.Start == a {
+			got = append(got, e)
+		}
+	}, nil); err != nil {
+		return err
+	}
+	if m.Epoch() == before || len(got) != 1 || int(got[0].Tid) != sys.Gettid() {
+		return fmt.Errorf("in pid namespace (tid %d): epoch %d -> %d, events %v", sys.Gettid(), before, m.Epoch(), got)
+	}
+	fmt.Printf("pid namespace: %s, event %v\n", m.Method(), got[0])
+	return nil
+}
+
+// TestPidNamespace checks the monitor in a process of its own pid
+// namespace, where the probes must use bpf_get_ns_current_pid_tgid.
+func TestPidNamespace(t *testing.T) {
+	openMethod(t, RawTracepoint, Config{}) // skips where eBPF cannot run
+	c := testutil.StartChildWith(t, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}, "pidns-monitor", nil)
+	if err := c.Wait(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(strings.TrimSpace(c.Output()))
 }
