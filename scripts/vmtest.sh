@@ -105,6 +105,8 @@ timeout --foreground -k 10 "$timeout_s" qemu-system-x86_64 \
 	-nographic -no-reboot -nic none </dev/null 2>&1 | tr -d '\r' | tee "$cache/last.log" || status=$?
 
 elapsed=$(($(date +%s) - start))
+count() { grep -c -E "^ *--- $1:" "$cache/last.log" || true; }
+echo "vmtest: $(count PASS) passed, $(count FAIL) failed, $(count SKIP) skipped"
 if grep -q '^VMTEST-RESULT: PASS' "$cache/last.log"; then
 	log "PASS on $kpkg in ${elapsed}s"
 	exit 0

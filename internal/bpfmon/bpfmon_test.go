@@ -750,3 +750,30 @@ func TestPidNamespace(t *testing.T) {
 	}
 	t.Log(strings.TrimSpace(c.Output()))
 }
+
+// TestShmdtWithoutFindVma checks the shmdt fallback for kernels before 5.17:
+// the length is unknown and the range runs to the top of the address space.
+func TestShmdtWithoutFindVma(t *testing.T) {
+	testNoFindVma = true
+	m := openMethod(t, RawTracepoint, Config{})
+	testNoFindVma = false
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	id, err := sys.ShmGet(int(page))
+	check(t, "shmget", err)
+	a, err := sys.ShmAt(id, 0)
+	sys.ShmRemove(id)
+	check(t, "shmat", err)
+	check(t, "Watch", m.Watch(a, page))
+	check(t, "shmdt", sys.ShmDt(a))
+	var got []Event
+	_, err = m.Sync(func(e Event) {
+		if e.Syscall == Shmdt && int(e.Tid) == sys.Gettid() {
+			got = append(got, e)
+		}
+	}, nil)
+	check(t, "Sync", err)
+	if len(got) != 1 || got[0].Start != a || got[0].Length != -a || !got[0].Unknown {
+		t.Errorf("shmdt at %#x without bpf_find_vma: %v", a, got)
+	}
+}

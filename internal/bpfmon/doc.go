@@ -17,8 +17,8 @@
 //   - madvise(addr, len, advice) with MADV_DONTNEED, MADV_FREE,
 //     MADV_REMOVE, MADV_DONTNEED_LOCKED or MADV_GUARD_INSTALL (6.13).
 //   - brk(addr) below the current break: [PAGE_ALIGN(addr),
-//     PAGE_ALIGN(brk)), the current break read through CO-RE. brk(0) and
-//     growth report nothing.
+//     PAGE_ALIGN(brk)), the current break read through CO-RE
+//     (task->mm->brk). brk(0), the query, and growth report nothing.
 //   - mmap(addr, len, …) with MAP_FIXED: the range it replaces.
 //     MAP_FIXED_NOREPLACE fails instead of replacing and is not reported.
 //   - shmdt(addr): the attachment at addr, its length found with

@@ -178,6 +178,10 @@ func Open(cfg *Config) (*Monitor, error) {
 	return m, nil
 }
 
+// testNoFindVma makes Open load the programs as if the kernel lacked
+// bpf_find_vma (tests of the shmdt fallback).
+var testNoFindVma bool
+
 // setVariables fills in the .rodata constants of the programs.
 func setVariables(spec *ebpf.CollectionSpec) error {
 	set := func(name string, v any) error {
@@ -210,7 +214,7 @@ func setVariables(spec *ebpf.CollectionSpec) error {
 		}
 	}
 	var findVma uint32
-	if features.HaveProgramHelper(ebpf.Kprobe, asm.FnFindVma) == nil {
+	if !testNoFindVma && features.HaveProgramHelper(ebpf.Kprobe, asm.FnFindVma) == nil {
 		findVma = 1
 	}
 	return set("have_find_vma", findVma)

@@ -115,7 +115,6 @@ struct uregs {
 // Kernel types read through CO-RE: only the fields used, relocated against
 // the running kernel's BTF at load.
 struct mm_struct {
-	unsigned long start_brk;
 	unsigned long brk;
 } __attribute__((preserve_access_index));
 
@@ -255,13 +254,13 @@ static __always_inline void handle(__u32 tid, long nr, const __u64 *a)
 	}
 	case NR_BRK: {
 		// brk(addr) below the current break unmaps
-		// [PAGE_ALIGN(addr), PAGE_ALIGN(brk)); brk(0) (a query) and
-		// addresses below start_brk fail and touch nothing.
+		// [PAGE_ALIGN(addr), PAGE_ALIGN(brk)); brk(0), the query, touches
+		// nothing. (An address below the kernel's minimum fails; it is
+		// reported all the same rather than second-guess that minimum.)
 		struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 		__u64 cur = BPF_CORE_READ(task, mm, brk);
-		__u64 min = BPF_CORE_READ(task, mm, start_brk);
 		__u64 nb = page_up(a[0]), ob = page_up(cur);
-		if (a[0] >= min && nb < ob)
+		if (a[0] != 0 && nb < ob)
 			emit(tid, NR_BRK, nb, ob - nb, 0, 0);
 		break;
 	}
