@@ -419,22 +419,24 @@ func TestOverflow(t *testing.T) {
 		if !m.Overflowed() {
 			t.Fatalf("no overflow after %d events into a %d-byte ring", calls, page)
 		}
-		if d := m.Epoch() - before; d != calls {
-			t.Errorf("epoch moved %d for %d events", d, calls)
-		}
+		// Every increment of the epoch is one event delivered or lost.
+		// Another thread may touch the granule too (the runtime, a
+		// finalizer): then the accounting is checked loosely.
+		moved := m.Epoch() - before
 		lost := m.ClearOverflow()
 		if m.Overflowed() {
 			t.Errorf("overflow still set after ClearOverflow")
 		}
-		var got uint64
-		n, err := m.Drain(func(e Event) {
-			if e.Start == a && e.Syscall == Madvise {
+		var got, all uint64
+		_, err := m.Drain(func(e Event) {
+			all++
+			if e.Start == a && e.Syscall == Madvise && int(e.Tid) == sys.Gettid() {
 				got++
 			}
 		})
 		check(t, "Drain", err)
-		if got+lost != calls || lost == 0 {
-			t.Errorf("drained %d (%d total), lost %d; want %d together", got, n, lost, calls)
+		if moved < calls || got+lost < calls || lost == 0 || all == got && all+lost != moved {
+			t.Errorf("epoch moved %d for %d calls: drained %d (%d ours), lost %d", moved, calls, all, got, lost)
 		}
 		t.Logf("%d-byte ring: %d events delivered, %d lost", page, got, lost)
 
