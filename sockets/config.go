@@ -1,0 +1,224 @@
+package sockets
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sandirect/sandirect/shm"
+)
+
+// ZeroCopy says how the sending side of a rendezvous sources its data.
+type ZeroCopy uint8
+
+const (
+	// ZeroCopyAuto lets the switch choose per write, from how the
+	// application behaves (see Config.CopyThreshold).
+	ZeroCopyAuto ZeroCopy = iota
+	// ZeroCopyAlways registers the application's buffer in place: no copy,
+	// but the write waits until the peer has taken the data.
+	ZeroCopyAlways
+	// ZeroCopyNever copies into registered temporary memory, so that a write
+	// returns as soon as its data is copied.
+	ZeroCopyNever
+)
+
+func (z ZeroCopy) String() string {
+	switch z {
+	case ZeroCopyAuto:
+		return "auto"
+	case ZeroCopyAlways:
+		return "always"
+	case ZeroCopyNever:
+		return "never"
+	}
+	return fmt.Sprintf("ZeroCopy(%d)", uint8(z))
+}
+
+// Config configures connections and listeners. A nil *Config means
+// DefaultConfig(); a zero field means that field's default.
+type Config struct {
+	// BufferSize is the size of one control-message buffer, header
+	// included: the largest message this side receives. Default 4096.
+	BufferSize int
+	// Window is how many control-message buffers are posted for receive:
+	// the credits granted to the peer. One of them is reserved for credit
+	// messages. Default 8.
+	Window int
+	// SendBuffers is the send part of the control-message pool. Default 4.
+	SendBuffers int
+	// EagerThreshold: writes of at most this many bytes travel inside
+	// control messages; larger ones use a rendezvous. Default 16 KiB.
+	EagerThreshold int
+	// MaxTransfer bounds the bytes one rendezvous moves; larger writes use
+	// several. Default 16 MiB.
+	MaxTransfer int
+	// ZeroCopy chooses between registering a large source in place and
+	// copying it into temporary memory. Default ZeroCopyAuto.
+	ZeroCopy ZeroCopy
+	// CopyThreshold: in ZeroCopyAuto, a rendezvous of at most this many
+	// bytes is copied (the write returns early); larger ones are zero-copy
+	// unless a write deadline is set. Default 4 MiB.
+	CopyThreshold int
+	// CopyChunk is the largest rendezvous of copied data (one temporary
+	// buffer). Default 1 MiB.
+	CopyChunk int
+	// MaxCopyInFlight bounds the copied bytes of one connection that the
+	// peer has not taken yet. Default 8 MiB.
+	MaxCopyInFlight int
+	// TempMemory bounds the temporary (device) memory of one device: copies
+	// and receive staging. Default 64 MiB.
+	TempMemory int
+	// StagingSize is the receive staging buffer used when a Read is too
+	// small to take a rendezvous directly. Default 256 KiB.
+	StagingSize int
+	// DirectRead: a Read of at least this many bytes (or of the whole rest
+	// of a transfer) receives rendezvous data into its own buffer.
+	// Default 64 KiB.
+	DirectRead int
+	// NoRDMARead disables RDMA Read on this side: the peer then uses the
+	// write rendezvous towards us.
+	NoRDMARead bool
+	// MaxRegions bounds the registration table of the device (nic).
+	// Default 4096.
+	MaxRegions int
+	// Wait says how a blocked call waits for the peer: busy polling,
+	// blocking on a futex, or spinning then blocking (default).
+	Wait shm.WaitConfig
+	// ForceTCP makes "tcp" dials use plain TCP even to this host.
+	ForceTCP bool
+	// Linger bounds how long a closed connection keeps delivering what it
+	// wrote before it resets. Default 30 s.
+	Linger time.Duration
+	// HandshakeTimeout bounds connection set-up. Default 10 s.
+	HandshakeTimeout time.Duration
+
+	versions [2]uint16 // protocol versions offered; zero: all we speak (tests)
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		BufferSize:       4096,
+		Window:           8,
+		SendBuffers:      4,
+		EagerThreshold:   16 << 10,
+		MaxTransfer:      16 << 20,
+		CopyThreshold:    4 << 20,
+		CopyChunk:        1 << 20,
+		MaxCopyInFlight:  8 << 20,
+		TempMemory:       64 << 20,
+		StagingSize:      256 << 10,
+		DirectRead:       64 << 10,
+		MaxRegions:       4096,
+		Wait:             shm.DefaultWaitConfig(),
+		Linger:           30 * time.Second,
+		HandshakeTimeout: 10 * time.Second,
+	}
+}
+
+// Limits of the configuration.
+const (
+	minBufferSize = 256
+	maxBufferSize = 64 << 10
+	minWindow     = 4
+	maxWindow     = 1024
+	maxTransfer   = 1 << 30
+)
+
+// withDefaults fills zero fields with their defaults.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	set := func(v *int, def int) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	set(&c.BufferSize, d.BufferSize)
+	set(&c.Window, d.Window)
+	set(&c.SendBuffers, d.SendBuffers)
+	set(&c.EagerThreshold, d.EagerThreshold)
+	set(&c.MaxTransfer, d.MaxTransfer)
+	set(&c.CopyThreshold, d.CopyThreshold)
+	set(&c.CopyChunk, d.CopyChunk)
+	set(&c.MaxCopyInFlight, d.MaxCopyInFlight)
+	set(&c.TempMemory, d.TempMemory)
+	set(&c.StagingSize, d.StagingSize)
+	set(&c.DirectRead, d.DirectRead)
+	set(&c.MaxRegions, d.MaxRegions)
+	if c.Wait == (shm.WaitConfig{}) {
+		c.Wait = d.Wait
+	}
+	if c.Wait.Mode == shm.WaitAdaptive && c.Wait.Spin == 0 {
+		c.Wait.Spin = shm.DefaultSpin
+	}
+	if c.Linger == 0 {
+		c.Linger = d.Linger
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot work. Zero fields are
+// taken as their defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.BufferSize < minBufferSize || c.BufferSize > maxBufferSize:
+		return fmt.Errorf("%w: BufferSize %d outside [%d, %d]", ErrConfig, c.BufferSize, minBufferSize, maxBufferSize)
+	case c.Window < minWindow || c.Window > maxWindow:
+		return fmt.Errorf("%w: Window %d outside [%d, %d]", ErrConfig, c.Window, minWindow, maxWindow)
+	case c.SendBuffers < 1 || c.SendBuffers > maxWindow:
+		return fmt.Errorf("%w: SendBuffers %d outside [1, %d]", ErrConfig, c.SendBuffers, maxWindow)
+	case c.EagerThreshold < 0:
+		return fmt.Errorf("%w: negative EagerThreshold", ErrConfig)
+	case c.MaxTransfer < 4096 || c.MaxTransfer > maxTransfer:
+		return fmt.Errorf("%w: MaxTransfer %d outside [4096, %d]", ErrConfig, c.MaxTransfer, maxTransfer)
+	case c.CopyChunk < 4096 || c.CopyChunk > c.MaxTransfer:
+		return fmt.Errorf("%w: CopyChunk %d outside [4096, MaxTransfer]", ErrConfig, c.CopyChunk)
+	case c.CopyThreshold < 0 || c.MaxCopyInFlight < 0 || c.TempMemory < 0:
+		return fmt.Errorf("%w: negative copy limit", ErrConfig)
+	case c.StagingSize < 4096 || c.StagingSize > maxTransfer:
+		return fmt.Errorf("%w: StagingSize %d outside [4096, %d]", ErrConfig, c.StagingSize, maxTransfer)
+	case c.DirectRead < 1:
+		return fmt.Errorf("%w: DirectRead must be positive", ErrConfig)
+	case c.MaxRegions < 1:
+		return fmt.Errorf("%w: MaxRegions must be positive", ErrConfig)
+	case c.ZeroCopy > ZeroCopyNever:
+		return fmt.Errorf("%w: unknown ZeroCopy %d", ErrConfig, c.ZeroCopy)
+	case c.Linger < 0 || c.HandshakeTimeout < 0:
+		return fmt.Errorf("%w: negative duration", ErrConfig)
+	}
+	if err := c.Wait.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+// resolve returns the configuration in force for cfg (nil: defaults).
+func resolve(cfg *Config) (Config, error) {
+	c := DefaultConfig()
+	if cfg != nil {
+		c = cfg.withDefaults()
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// recordSize is what one message of n bytes occupies in a nic ring
+// (an 8-byte record header, 8-byte aligned).
+func recordSize(n int) int { return (8 + n + 7) &^ 7 }
+
+// ringCapacity is the nic ring size that holds window messages of
+// bufSize bytes plus the padding of a wrap.
+func ringCapacity(window, bufSize int) int {
+	need := (window + 2) * recordSize(bufSize)
+	c := shm.MinRingCapacity
+	for c < need {
+		c <<= 1
+	}
+	return c
+}

@@ -1,0 +1,191 @@
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+	"syscall"
+
+	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/shm"
+)
+
+// devKey is what makes two configurations need different nic devices.
+type devKey struct {
+	noRead     bool
+	maxRegions int
+	ringCap    int
+	tempMemory int
+}
+
+// device is a nic device shared by the connections and listeners of one
+// process whose configurations agree on devKey; it is closed when the last
+// of them lets go. Temporary memory (device memory from nic.Alloc, which
+// peers map, so RDMA on it is a plain copy) is pooled here.
+type device struct {
+	key devKey
+	nic *nic.Device
+
+	refs int // guarded by devices.mu
+
+	mu        sync.Mutex // guards free, allocated; after Conn.mu
+	free      [tempClasses][][]byte
+	allocated int
+}
+
+// Temporary buffers come in power-of-two classes from 64 KiB.
+const (
+	tempMinShift = 16
+	tempClasses  = 15 // up to 1 GiB
+)
+
+var devices struct {
+	mu sync.Mutex // guards m and every device's refs
+	m  map[devKey]*device
+}
+
+func acquireDevice(cfg *Config) (*device, error) {
+	key := devKey{
+		noRead:     cfg.NoRDMARead,
+		maxRegions: cfg.MaxRegions,
+		ringCap:    ringCapacity(cfg.Window, cfg.BufferSize),
+		tempMemory: cfg.TempMemory,
+	}
+	devices.mu.Lock()
+	defer devices.mu.Unlock()
+	if d := devices.m[key]; d != nil {
+		d.refs++
+		return d, nil
+	}
+	nc := nic.DefaultConfig()
+	nc.RDMARead = !cfg.NoRDMARead
+	nc.MaxRegions = cfg.MaxRegions
+	nc.RingCapacity = key.ringCap
+	// The switch spins itself when it wants to; the nic's waits block.
+	nc.Wait = shm.WaitConfig{Mode: shm.WaitBlock}
+	nd, err := nic.Open(&nc)
+	if err != nil {
+		return nil, fmt.Errorf("sockets: open device: %w", err)
+	}
+	d := &device{key: key, nic: nd, refs: 1}
+	if devices.m == nil {
+		devices.m = map[devKey]*device{}
+	}
+	devices.m[key] = d
+	return d, nil
+}
+
+// hold takes one more reference on d.
+func (d *device) hold() {
+	devices.mu.Lock()
+	d.refs++
+	devices.mu.Unlock()
+}
+
+// release drops a reference; the last one closes the device.
+func (d *device) release() {
+	devices.mu.Lock()
+	d.refs--
+	last := d.refs == 0
+	if last {
+		delete(devices.m, d.key)
+	}
+	devices.mu.Unlock()
+	if !last {
+		return
+	}
+	d.mu.Lock()
+	for i := range d.free {
+		for _, b := range d.free[i] {
+			d.nic.Free(b)
+		}
+		d.free[i] = nil
+	}
+	d.mu.Unlock()
+	d.nic.Close()
+}
+
+func tempClass(n int) int {
+	if n <= 1<<tempMinShift {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - tempMinShift
+}
+
+// getTemp returns a buffer of at least n bytes of device memory, or an
+// error matching syscall.ENOBUFS when the budget is spent or the memory
+// cannot be had.
+func (d *device) getTemp(n int) ([]byte, error) {
+	c := tempClass(n)
+	if c >= tempClasses {
+		return nil, enobufs("temporary memory", fmt.Errorf("%d bytes is too large", n))
+	}
+	size := 1 << (tempMinShift + c)
+	d.mu.Lock()
+	if l := len(d.free[c]); l > 0 {
+		b := d.free[c][l-1]
+		d.free[c] = d.free[c][:l-1]
+		d.mu.Unlock()
+		return b, nil
+	}
+	if d.allocated+size > d.key.tempMemory {
+		// Give back cached buffers of other classes before failing.
+		for i := range d.free {
+			for _, b := range d.free[i] {
+				d.nic.Free(b)
+				d.allocated -= len(b)
+			}
+			d.free[i] = nil
+		}
+		if d.allocated+size > d.key.tempMemory {
+			d.mu.Unlock()
+			return nil, enobufs("temporary memory", fmt.Errorf("budget of %d bytes spent", d.key.tempMemory))
+		}
+	}
+	d.allocated += size
+	d.mu.Unlock()
+	b, err := d.nic.Alloc(size)
+	if err != nil {
+		d.mu.Lock()
+		d.allocated -= size
+		d.mu.Unlock()
+		return nil, enobufs("temporary memory", err)
+	}
+	return b, nil
+}
+
+// putTemp gives back a buffer from getTemp.
+func (d *device) putTemp(b []byte) {
+	c := tempClass(len(b))
+	d.mu.Lock()
+	d.free[c] = append(d.free[c], b)
+	d.mu.Unlock()
+}
+
+// register registers buf with the nic; a full table is an ENOBUFS error.
+func (d *device) register(buf []byte, access nic.Access) (*nic.MemoryRegion, error) {
+	var mr *nic.MemoryRegion
+	var err error
+	if access&(nic.AccessRemoteRead|nic.AccessRemoteWrite) != 0 {
+		mr, err = d.nic.RegisterRemote(buf, access)
+	} else {
+		mr, err = d.nic.Register(buf, access)
+	}
+	if errors.Is(err, syscall.ENOBUFS) {
+		return nil, enobufs("register", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sockets: register: %w", err)
+	}
+	return mr, nil
+}
+
+// dropTemp frees a buffer from getTemp that must never be reused: a peer
+// may still write it.
+func (d *device) dropTemp(b []byte) {
+	d.mu.Lock()
+	d.allocated -= len(b)
+	d.mu.Unlock()
+	d.nic.Free(b)
+}

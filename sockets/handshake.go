@@ -1,0 +1,88 @@
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/sandirect/sandirect/nic"
+)
+
+// newConn sets a connection up on a connected queue pair: it registers
+// the control-message pool and the doorbell, posts the receive buffers,
+// and exchanges hellos (the dialer speaks first). On failure it releases
+// everything, the device hold included.
+func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, dialer bool, netw string, laddr, raddr net.Addr) (*Conn, error) {
+	c := &Conn{
+		cfg: cfg, dev: d, qp: qp, cq: cq, netw: netw, laddr: laddr, raddr: raddr,
+		rdl: makeDeadline(), wdl: makeDeadline(),
+		closing: make(chan struct{}), tornDown: make(chan struct{}),
+	}
+	c.dialer = dialer
+	c.bufSize = cfg.BufferSize
+	c.window = uint32(cfg.Window)
+	c.peerWindow = 1
+	c.offerRead = !cfg.NoRDMARead && d.nic.Attr().RDMARead
+	fail := func(err error) (*Conn, error) {
+		c.mu.Lock()
+		c.tearing = true
+		c.mu.Unlock()
+		c.teardown()
+		return nil, err
+	}
+	B, W, S := cfg.BufferSize, cfg.Window, cfg.SendBuffers
+	recv := make([]byte, W*B)
+	send := make([]byte, S*B)
+	c.bell = make([]byte, 8)
+	var err error
+	if c.recvMR, err = d.register(recv, nic.AccessLocalWrite); err != nil {
+		return fail(err)
+	}
+	if c.sendMR, err = d.register(send, 0); err != nil {
+		return fail(err)
+	}
+	if c.bellMR, err = d.register(c.bell, nic.AccessRemoteWrite); err != nil {
+		return fail(err)
+	}
+	c.stats.count(cRegisters, 3)
+	for i := 0; i < W; i++ {
+		c.recvBufs = append(c.recvBufs, recv[i*B:(i+1)*B:(i+1)*B])
+		if err := qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.recvMR.LKey}); err != nil {
+			return fail(fmt.Errorf("sockets: post receive: %w", err))
+		}
+	}
+	for i := 0; i < S; i++ {
+		c.sendBufs = append(c.sendBufs, send[i*B:(i+1)*B:(i+1)*B])
+		c.sendFree = append(c.sendFree, S-1-i)
+	}
+	dl := makeDeadline()
+	dl.set(time.Now().Add(cfg.HandshakeTimeout))
+	defer dl.set(time.Time{})
+	c.mu.Lock()
+	if dialer {
+		if err := c.sendHelloLocked(); err != nil {
+			c.mu.Unlock()
+			return fail(err)
+		}
+	}
+	for !c.helloDone && c.err == nil && !c.qpDead {
+		if err := c.waitLocked(&dl, false); errors.Is(err, os.ErrDeadlineExceeded) {
+			c.mu.Unlock()
+			return fail(fmt.Errorf("sockets: handshake: %w", err))
+		}
+	}
+	if c.err == nil && !c.qpDead && !dialer {
+		c.sendHelloLocked()
+	}
+	err = c.err
+	if err == nil && c.qpDead {
+		err = &resetError{reason: "peer gone during the handshake"}
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	return c, nil
+}

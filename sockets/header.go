@@ -1,0 +1,285 @@
+package sockets
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// The session protocol's wire format; docs/protocol.md is its
+// specification. Every control message is one nic send: a 40-byte header,
+// then Len bytes of payload.
+//
+//	 0       1       2               4
+//	+-------+-------+---------------+-------------------------------+
+//	| type  | flags | reserved (0)  | ack                           |  0
+//	+-------+-------+---------------+-------------------------------+
+//	| len                           | id                            |  8
+//	+-------------------------------+-------------------------------+
+//	| size                          | offset                        | 16
+//	+-------------------------------+-------------------------------+
+//	| addr                                                          | 24
+//	+---------------------------------------------------------------+
+//	| rkey                                                          | 32
+//	+---------------------------------------------------------------+
+//	| payload (len bytes)                                           | 40
+//
+// All fields are little endian.
+const (
+	offType     = 0                     // u8: msgType
+	offFlags    = offType + 1           // u8: flags of the type
+	offReserved = offFlags + 1          // u16: zero
+	offAck      = offReserved + 2       // u32: messages of the peer consumed so far (wrapping)
+	offLen      = offAck + 4            // u32: payload bytes after the header
+	offID       = offLen + 4            // u32: transfer id (rts, cts, done, cancel)
+	offSize     = offID + 4             // u32: rendezvous bytes (rts, cts, done)
+	offOffset   = offSize + 4           // u32: chunk offset in the transfer (cts, done, cancel)
+	offAddr     = offOffset + 4         // u64: descriptor address (rts with flagRead, cts, hello)
+	offRKey     = offAddr + 8           // u64: descriptor key (rts with flagRead, cts, hello)
+	headerSize  = offRKey + 8           // 40
+	_           = uint(40 - headerSize) // headerSize is 40
+	_           = uint(headerSize - 40)
+)
+
+// msgType is a control message's type.
+type msgType uint8
+
+const (
+	msgHello  msgType = iota + 1 // first message each way: parameters and versions
+	msgData                      // eager data: the payload is stream bytes
+	msgRTS                       // a large write: inline first part, then size bytes by rendezvous
+	msgCTS                       // write rendezvous: the receiver's sink for one chunk
+	msgDone                      // rendezvous complete (read: whole transfer; write: one chunk)
+	msgCancel                    // write rendezvous: the sender gives up the rest of a transfer
+	msgCredit                    // nothing but the ack (may use the reserved credit)
+	msgFin                       // end of this direction's stream (graceful close)
+	msgAbort                     // the sender aborts the connection; payload: reason
+	msgLast   = msgAbort
+)
+
+var msgNames = [...]string{
+	msgHello: "hello", msgData: "data", msgRTS: "rts", msgCTS: "cts", msgDone: "done",
+	msgCancel: "cancel", msgCredit: "credit", msgFin: "fin", msgAbort: "abort",
+}
+
+func (t msgType) String() string {
+	if t >= 1 && t <= msgLast {
+		return msgNames[t]
+	}
+	return fmt.Sprintf("msgType(%d)", uint8(t))
+}
+
+// Flags.
+const (
+	// flagRead on an rts: read rendezvous; addr and rkey name the source,
+	// registered for remote read. Without it: write rendezvous.
+	flagRead = 1 << 0
+)
+
+// hello payload:
+//
+//	 0 u16 min version | 2 u16 max version | 4 u32 window | 8 u32 buffer size
+//	12 u32 flags (helloRead) | 16 u32 ring capacity (dialer; 0 from the acceptor)
+//	20 u32 max transfer
+//
+// The header's addr and rkey name the sender's doorbell: 8 bytes it
+// registered for remote write, never read (a zero-byte RDMA Write there
+// completes locally and wakes a waiter of our own completion queue).
+const (
+	helMinVer   = 0
+	helMaxVer   = helMinVer + 2
+	helWindow   = helMaxVer + 2
+	helBufSize  = helWindow + 4
+	helFlags    = helBufSize + 4
+	helRingCap  = helFlags + 4
+	helMaxXfer  = helRingCap + 4
+	helloSize   = helMaxXfer + 4 // 24
+	helloRead   = 1 << 0         // this side performs RDMA Reads: send it read rendezvous
+	maxReason   = 200            // bytes of an abort's reason
+	minBufBytes = headerSize + helloSize
+)
+
+// Protocol versions this implementation speaks.
+const (
+	protoMinVersion = 1
+	protoMaxVersion = 1
+)
+
+// header is a control message's fixed-size header. Its accessors read
+// and write the wire fields.
+type header [headerSize]byte
+
+func (h *header) Type() msgType  { return msgType(h[offType]) }
+func (h *header) Flags() uint8   { return h[offFlags] }
+func (h *header) Ack() uint32    { return binary.LittleEndian.Uint32(h[offAck:]) }
+func (h *header) Len() uint32    { return binary.LittleEndian.Uint32(h[offLen:]) }
+func (h *header) ID() uint32     { return binary.LittleEndian.Uint32(h[offID:]) }
+func (h *header) Size() uint32   { return binary.LittleEndian.Uint32(h[offSize:]) }
+func (h *header) Offset() uint32 { return binary.LittleEndian.Uint32(h[offOffset:]) }
+func (h *header) Addr() uint64   { return binary.LittleEndian.Uint64(h[offAddr:]) }
+func (h *header) RKey() uint64   { return binary.LittleEndian.Uint64(h[offRKey:]) }
+
+func (h *header) SetType(t msgType)  { h[offType] = uint8(t) }
+func (h *header) SetFlags(f uint8)   { h[offFlags] = f }
+func (h *header) SetAck(v uint32)    { binary.LittleEndian.PutUint32(h[offAck:], v) }
+func (h *header) SetLen(v uint32)    { binary.LittleEndian.PutUint32(h[offLen:], v) }
+func (h *header) SetID(v uint32)     { binary.LittleEndian.PutUint32(h[offID:], v) }
+func (h *header) SetSize(v uint32)   { binary.LittleEndian.PutUint32(h[offSize:], v) }
+func (h *header) SetOffset(v uint32) { binary.LittleEndian.PutUint32(h[offOffset:], v) }
+func (h *header) SetAddr(v uint64)   { binary.LittleEndian.PutUint64(h[offAddr:], v) }
+func (h *header) SetRKey(v uint64)   { binary.LittleEndian.PutUint64(h[offRKey:], v) }
+func (h *header) String() string {
+	return fmt.Sprintf("%v flags=%#x ack=%d len=%d id=%d size=%d off=%d addr=%#x rkey=%#x",
+		h.Type(), h.Flags(), h.Ack(), h.Len(), h.ID(), h.Size(), h.Offset(), h.Addr(), h.RKey())
+}
+
+// parseMessage decodes and checks one control message as received from the
+// peer: the header must be well formed for its type, and the payload as
+// long as the header says. It never trusts a field it has not checked;
+// the checks that need connection state (credits, ids, offsets) are the
+// caller's.
+func parseMessage(b []byte) (h header, payload []byte, err error) {
+	if len(b) < headerSize {
+		return h, nil, fmt.Errorf("message of %d bytes, shorter than a header", len(b))
+	}
+	copy(h[:], b)
+	n := h.Len()
+	if uint64(n) != uint64(len(b)-headerSize) {
+		return h, nil, fmt.Errorf("header says %d payload bytes, message has %d", n, len(b)-headerSize)
+	}
+	payload = b[headerSize:]
+	if r := binary.LittleEndian.Uint16(h[offReserved:]); r != 0 {
+		return h, nil, fmt.Errorf("reserved header field %#x", r)
+	}
+	t := h.Type()
+	zero := func(names string, vals ...uint64) error {
+		for _, v := range vals {
+			if v != 0 {
+				return fmt.Errorf("%v with non-zero %s", t, names)
+			}
+		}
+		return nil
+	}
+	switch t {
+	case msgHello:
+		if n != helloSize || h.Flags() != 0 {
+			return h, nil, fmt.Errorf("hello of %d bytes, flags %#x", n, h.Flags())
+		}
+		err = zero("id/size/offset", uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()))
+	case msgData:
+		if n == 0 {
+			return h, nil, fmt.Errorf("empty data message")
+		}
+		err = zero("flags/id/size/offset/addr/rkey", uint64(h.Flags()), uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()), h.Addr(), h.RKey())
+	case msgRTS:
+		switch {
+		case h.Flags()&^flagRead != 0:
+			return h, nil, fmt.Errorf("rts flags %#x", h.Flags())
+		case h.Size() == 0:
+			return h, nil, fmt.Errorf("rts of zero bytes")
+		case h.Flags()&flagRead != 0 && h.RKey() == 0:
+			return h, nil, fmt.Errorf("read rts without a key")
+		case h.Flags()&flagRead != 0 && h.Addr()+uint64(h.Size()) < h.Addr():
+			return h, nil, fmt.Errorf("read rts descriptor wraps the address space")
+		}
+		if h.Flags()&flagRead == 0 {
+			err = zero("addr/rkey", h.Addr(), h.RKey())
+		}
+		if err == nil {
+			err = zero("offset", uint64(h.Offset()))
+		}
+	case msgCTS:
+		switch {
+		case n != 0 || h.Flags() != 0:
+			return h, nil, fmt.Errorf("cts with payload or flags")
+		case h.Size() == 0 || h.RKey() == 0:
+			return h, nil, fmt.Errorf("cts without size or key")
+		case h.Addr()+uint64(h.Size()) < h.Addr():
+			return h, nil, fmt.Errorf("cts descriptor wraps the address space")
+		}
+	case msgDone:
+		if n != 0 || h.Flags() != 0 || h.Size() == 0 {
+			return h, nil, fmt.Errorf("done with payload, flags or no size")
+		}
+		err = zero("addr/rkey", h.Addr(), h.RKey())
+	case msgCancel:
+		if n != 0 || h.Flags() != 0 {
+			return h, nil, fmt.Errorf("cancel with payload or flags")
+		}
+		err = zero("size/addr/rkey", uint64(h.Size()), h.Addr(), h.RKey())
+	case msgCredit, msgFin:
+		if n != 0 {
+			return h, nil, fmt.Errorf("%v with payload", t)
+		}
+		err = zero("flags/id/size/offset/addr/rkey", uint64(h.Flags()), uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()), h.Addr(), h.RKey())
+	case msgAbort:
+		if n > maxReason {
+			return h, nil, fmt.Errorf("abort reason of %d bytes", n)
+		}
+		err = zero("flags/id/size/offset/addr/rkey", uint64(h.Flags()), uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()), h.Addr(), h.RKey())
+	default:
+		return h, nil, fmt.Errorf("unknown message type %d", uint8(t))
+	}
+	if err != nil {
+		return h, nil, err
+	}
+	return h, payload, nil
+}
+
+// hello is the decoded payload of a hello message.
+type hello struct {
+	minVer, maxVer uint16
+	window         uint32
+	bufSize        uint32
+	flags          uint32
+	ringCap        uint32
+	maxTransfer    uint32
+	bellAddr       uint64
+	bellKey        uint64
+}
+
+func (m *hello) put(b []byte) {
+	binary.LittleEndian.PutUint16(b[helMinVer:], m.minVer)
+	binary.LittleEndian.PutUint16(b[helMaxVer:], m.maxVer)
+	binary.LittleEndian.PutUint32(b[helWindow:], m.window)
+	binary.LittleEndian.PutUint32(b[helBufSize:], m.bufSize)
+	binary.LittleEndian.PutUint32(b[helFlags:], m.flags)
+	binary.LittleEndian.PutUint32(b[helRingCap:], m.ringCap)
+	binary.LittleEndian.PutUint32(b[helMaxXfer:], m.maxTransfer)
+}
+
+// parseHello decodes and checks a hello payload (parseMessage checked its
+// length).
+func parseHello(h *header, b []byte) (hello, error) {
+	m := hello{
+		minVer:      binary.LittleEndian.Uint16(b[helMinVer:]),
+		maxVer:      binary.LittleEndian.Uint16(b[helMaxVer:]),
+		window:      binary.LittleEndian.Uint32(b[helWindow:]),
+		bufSize:     binary.LittleEndian.Uint32(b[helBufSize:]),
+		flags:       binary.LittleEndian.Uint32(b[helFlags:]),
+		ringCap:     binary.LittleEndian.Uint32(b[helRingCap:]),
+		maxTransfer: binary.LittleEndian.Uint32(b[helMaxXfer:]),
+		bellAddr:    h.Addr(),
+		bellKey:     h.RKey(),
+	}
+	switch {
+	case m.minVer == 0 || m.minVer > m.maxVer:
+		return m, fmt.Errorf("hello versions [%d, %d]", m.minVer, m.maxVer)
+	case m.window < minWindow || m.window > maxWindow:
+		return m, fmt.Errorf("hello window %d outside [%d, %d]", m.window, minWindow, maxWindow)
+	case m.bufSize < minBufferSize || m.bufSize > maxBufferSize:
+		return m, fmt.Errorf("hello buffer size %d outside [%d, %d]", m.bufSize, minBufferSize, maxBufferSize)
+	case m.flags&^helloRead != 0:
+		return m, fmt.Errorf("hello flags %#x", m.flags)
+	case m.maxTransfer < 4096 || m.maxTransfer > maxTransfer:
+		return m, fmt.Errorf("hello max transfer %d", m.maxTransfer)
+	case m.bellKey == 0:
+		return m, fmt.Errorf("hello without a doorbell key")
+	}
+	return m, nil
+}
+
+// negotiate returns the highest version in both ranges.
+func negotiate(aMin, aMax, bMin, bMax uint16) (uint16, bool) {
+	v := min(aMax, bMax)
+	return v, v >= max(aMin, bMin)
+}

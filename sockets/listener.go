@@ -1,0 +1,216 @@
+package sockets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/sandirect/sandirect/nic"
+)
+
+// ListenConfig creates listeners. The zero value uses DefaultConfig.
+type ListenConfig struct {
+	// Config configures the accepted connections; nil means
+	// DefaultConfig().
+	Config *Config
+}
+
+// Listen listens on network and address with the default configuration:
+// see ListenConfig.Listen.
+func Listen(network, address string) (net.Listener, error) {
+	var lc ListenConfig
+	return lc.Listen(context.Background(), network, address)
+}
+
+// Listen listens on address:
+//
+//   - "sandirect": a Unix socket path or an "@abstract" name; it accepts
+//     shared-memory connections only.
+//   - "tcp", "tcp4", "tcp6": host:port. It listens on TCP and, for dialers
+//     on this host, on the shared-memory name of the port; Accept returns
+//     connections of both kinds (*Conn and *net.TCPConn).
+func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (net.Listener, error) {
+	cfg, err := resolve(lc.Config)
+	if err != nil {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
+	}
+	l := &Listener{cfg: cfg, netw: network, conns: make(chan net.Conn), done: make(chan struct{})}
+	var name string
+	switch network {
+	case "sandirect":
+		name = address
+		l.addr = &Addr{Net: network, Name: address}
+	case "tcp", "tcp4", "tcp6":
+		var nlc net.ListenConfig
+		tl, err := nlc.Listen(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		l.tl = tl
+		l.addr = tl.Addr()
+		name = tcpName(tl.Addr().(*net.TCPAddr).Port)
+	default:
+		return nil, &net.OpError{Op: "listen", Net: network, Err: fmt.Errorf("%w %q", ErrUnknownNetwork, network)}
+	}
+	d, err := acquireDevice(&cfg)
+	if err == nil {
+		l.dev = d
+		l.nl, err = d.nic.Listen(name)
+		if err != nil {
+			d.release()
+			l.dev = nil
+		}
+	}
+	if err != nil {
+		if l.tl == nil {
+			return nil, &net.OpError{Op: "listen", Net: network, Addr: l.addr, Err: err}
+		}
+		// TCP alone: the shared-memory name is taken or unusable.
+	}
+	if l.nl != nil {
+		l.wg.Add(1)
+		go l.acceptSHM()
+	}
+	if l.tl != nil {
+		l.wg.Add(1)
+		go l.acceptTCP()
+	}
+	return l, nil
+}
+
+// Listener accepts shared-memory connections, and TCP ones for a "tcp"
+// network. It is safe for concurrent use.
+type Listener struct {
+	cfg   Config
+	netw  string
+	addr  net.Addr
+	dev   *device
+	nl    *nic.Listener
+	tl    net.Listener
+	conns chan net.Conn // accepted and set up, waiting for Accept
+	done  chan struct{} // closed by Close
+	once  sync.Once
+	wg    sync.WaitGroup // accept loops and handshakes
+}
+
+// Accept waits for the next connection.
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, &net.OpError{Op: "accept", Net: l.netw, Addr: l.addr, Err: net.ErrClosed}
+	}
+}
+
+// Addr returns the listener's address: the TCP address for a "tcp"
+// network.
+func (l *Listener) Addr() net.Addr { return l.addr }
+
+// Close stops listening; connections already accepted stay open.
+func (l *Listener) Close() error {
+	first := false
+	l.once.Do(func() {
+		first = true
+		close(l.done)
+		if l.nl != nil {
+			l.nl.Close()
+		}
+		if l.tl != nil {
+			l.tl.Close()
+		}
+	})
+	if !first {
+		return &net.OpError{Op: "close", Net: l.netw, Addr: l.addr, Err: net.ErrClosed}
+	}
+	l.wg.Wait()
+	if l.dev != nil {
+		l.dev.release()
+	}
+	return nil
+}
+
+func (l *Listener) closed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// deliver hands c to Accept, or closes it when the listener closes.
+func (l *Listener) deliver(c net.Conn) {
+	select {
+	case l.conns <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+func (l *Listener) acceptSHM() {
+	defer l.wg.Done()
+	for {
+		cq := l.dev.nic.NewCQ()
+		qp, err := l.nl.Accept(nic.QPOptions{SendCQ: cq, RecvCQ: cq, Timeout: l.cfg.HandshakeTimeout})
+		if err != nil {
+			if l.closed() || errors.Is(err, nic.ErrClosed) {
+				return
+			}
+			if !errors.Is(err, nic.ErrRefused) && !errors.Is(err, nic.ErrProtocol) {
+				// Out of descriptors or the like: do not spin.
+				select {
+				case <-l.done:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		d := l.dev
+		d.hold() // the connection's own
+		laddr, raddr := l.shmAddrs(qp)
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			c, err := newConn(d, qp, cq, l.cfg, false, l.netw, laddr, raddr)
+			if err != nil {
+				return
+			}
+			l.deliver(c)
+		}()
+	}
+}
+
+func (l *Listener) shmAddrs(qp *nic.QueuePair) (laddr, raddr net.Addr) {
+	if ta, ok := l.addr.(*net.TCPAddr); ok {
+		ip := ta.IP
+		if ip == nil || ip.IsUnspecified() {
+			ip = net.IPv4(127, 0, 0, 1)
+		}
+		return ta, &net.TCPAddr{IP: ip}
+	}
+	return l.addr, &Addr{Net: l.netw, Name: fmt.Sprintf("pid:%d", qp.PeerPID())}
+}
+
+func (l *Listener) acceptTCP() {
+	defer l.wg.Done()
+	for {
+		c, err := l.tl.Accept()
+		if err != nil {
+			if l.closed() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			select {
+			case <-l.done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			continue
+		}
+		l.deliver(c)
+	}
+}

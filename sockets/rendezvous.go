@@ -1,0 +1,678 @@
+package sockets
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+
+	"github.com/sandirect/sandirect/nic"
+)
+
+// waitSendLocked waits until a data message may go: no control message
+// queued ahead, a free send buffer, and a credit beyond the reserved one.
+func (c *Conn) waitSendLocked() error {
+	stalled := false
+	for {
+		if err := c.writableLocked(); err != nil {
+			return err
+		}
+		c.pumpLocked()
+		if len(c.ctlq) == 0 && c.canSendLocked(false) {
+			return nil
+		}
+		if c.wdl.expired.Load() {
+			return os.ErrDeadlineExceeded
+		}
+		if !stalled {
+			stalled = true
+			c.stats.count(cCreditStalls, 1)
+		}
+		if err := c.waitLocked(&c.wdl, true); err != nil {
+			if werr := c.writableLocked(); werr != nil {
+				return werr
+			}
+			return err
+		}
+	}
+}
+
+// waitLocked runs progress with mu released.
+func (c *Conn) waitLocked(dl *deadline, stopOnClose bool) error {
+	c.mu.Unlock()
+	err := c.progress(dl, stopOnClose)
+	c.mu.Lock()
+	return err
+}
+
+// sendDataLocked sends the first bytes of b in one data message.
+func (c *Conn) sendDataLocked(b []byte) (int, error) {
+	if err := c.waitSendLocked(); err != nil {
+		return 0, err
+	}
+	m := min(len(b), c.maxPayload)
+	var h header
+	h.SetType(msgData)
+	if err := c.sendLocked(&h, b[:m]); err != nil {
+		return 0, err
+	}
+	c.stats.count(cBytesEager, uint64(m))
+	return m, nil
+}
+
+// chooseCopyLocked decides how the source of an n-byte rendezvous is
+// provided: copied into temporary memory (the write returns once the copy
+// is made and the rts sent) or registered in place (no copy; the write
+// waits until the peer has taken the data).
+func (c *Conn) chooseCopyLocked(n int) bool {
+	switch c.cfg.ZeroCopy {
+	case ZeroCopyAlways:
+		return false
+	case ZeroCopyNever:
+		return true
+	}
+	switch {
+	case !c.peerRead:
+		// Write rendezvous: the write waits for the peer's sink anyway,
+		// and a deadline cancels it cleanly; a copy would gain nothing.
+		return false
+	case c.wdl.isSet.Load():
+		// A deadline can end a write whose data is copied; a zero-copy
+		// write that the peer has not taken would have to abort.
+		return true
+	case c.copyInFlight > 0 && c.copyInFlight+n > c.cfg.MaxCopyInFlight:
+		// The peer is behind: a copy would not let the write return
+		// early, it would wait for the peer all the same.
+		return false
+	}
+	return n <= c.cfg.CopyThreshold
+}
+
+// prepareSourceLocked registers the source of a rendezvous: body copied
+// into temporary memory, or body itself. When the chosen way fails for
+// lack of resources the other is tried; when both fail the error matches
+// syscall.ENOBUFS. It may release mu while it copies.
+func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, error) {
+	x := &txfer{read: read, size: uint32(len(body))}
+	access := nic.Access(0)
+	if read {
+		access = nic.AccessRemoteRead
+	}
+	try := func(cp bool) error {
+		if !cp {
+			mr, err := c.dev.register(body, access)
+			if err != nil {
+				return err
+			}
+			c.stats.count(cRegisters, 1)
+			x.src, x.temp, x.mr = body, nil, mr
+			return nil
+		}
+		t, err := c.dev.getTemp(len(body))
+		if err != nil {
+			return err
+		}
+		mr, err := c.dev.register(t[:len(body)], access)
+		if err != nil {
+			c.dev.putTemp(t)
+			return err
+		}
+		c.stats.count(cRegisters, 1)
+		c.mu.Unlock()
+		copy(t, body)
+		c.mu.Lock()
+		x.src, x.temp, x.mr = t[:len(body)], t, mr
+		return nil
+	}
+	err := try(copyMode)
+	if err != nil && errors.Is(err, syscall.ENOBUFS) {
+		c.stats.count(cFallbacks, 1)
+		err = try(!copyMode)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if x.temp != nil {
+		c.stats.count(cCopyChosen, 1)
+		c.stats.count(cBytesCopied, uint64(len(body)))
+	} else {
+		c.stats.count(cZeroChosen, 1)
+		c.stats.count(cBytesZeroCopy, uint64(len(body)))
+	}
+	return x, nil
+}
+
+// releaseSourceLocked deregisters a rendezvous source and gives back its
+// temporary memory.
+func (c *Conn) releaseSourceLocked(x *txfer) {
+	if x.mr != nil && !c.torn {
+		c.dev.nic.Deregister(x.mr)
+	}
+	x.mr = nil
+	if x.temp != nil && !c.torn {
+		c.dev.putTemp(x.temp)
+	}
+	x.temp = nil
+}
+
+// sendLargeLocked sends the first part of b by rendezvous: an rts with
+// the first maxPayload bytes inline, then up to MaxTransfer bytes by the
+// read rendezvous (the peer RDMA-Reads our source) or the write
+// rendezvous (we RDMA-Write into the sinks the peer gives us).
+func (c *Conn) sendLargeLocked(b []byte) (int, error) {
+	inline := c.maxPayload
+	body := b[inline:]
+	read := c.peerRead
+	size := min(len(body), c.cfg.MaxTransfer, c.peerMaxXfer)
+	copyMode := c.chooseCopyLocked(size)
+	if copyMode {
+		size = min(size, c.cfg.CopyChunk)
+		// Bound the copies the peer has not taken yet.
+		for read && c.copyInFlight > 0 && c.copyInFlight+size > c.cfg.MaxCopyInFlight {
+			if err := c.writableLocked(); err != nil {
+				return 0, err
+			}
+			if c.wdl.expired.Load() {
+				return 0, os.ErrDeadlineExceeded
+			}
+			if err := c.waitLocked(&c.wdl, true); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if err := c.waitSendLocked(); err != nil {
+		return 0, err
+	}
+	x, err := c.prepareSourceLocked(body[:size], copyMode, read)
+	for retried := false; err != nil && !retried && c.copyInFlight > 0; retried = true {
+		// Our own copies hold the resources: wait for the peer to take
+		// them, then try once more.
+		for c.copyInFlight > 0 && err == nil {
+			if werr := c.writableLocked(); werr != nil {
+				return 0, werr
+			}
+			if c.wdl.expired.Load() {
+				return 0, os.ErrDeadlineExceeded
+			}
+			c.waitLocked(&c.wdl, true)
+		}
+		x, err = c.prepareSourceLocked(body[:size], copyMode, read)
+	}
+	if err != nil {
+		c.stats.count(cENOBUFS, 1)
+		return 0, err
+	}
+	// The copy released mu: look again.
+	if err := c.waitSendLocked(); err != nil {
+		c.releaseSourceLocked(x)
+		return 0, err
+	}
+	x.id = c.nextTx
+	c.nextTx++
+	var h header
+	h.SetType(msgRTS)
+	h.SetID(x.id)
+	h.SetSize(x.size)
+	if read {
+		h.SetFlags(flagRead)
+		h.SetAddr(uint64(x.mr.Addr))
+		h.SetRKey(x.mr.RKey)
+	}
+	if err := c.sendLocked(&h, b[:inline]); err != nil {
+		c.releaseSourceLocked(x)
+		return 0, err
+	}
+	c.stats.count(cBytesInline, uint64(inline))
+	c.stats.count(cRendezvous, 1)
+	if read {
+		return c.readRendezvousLocked(x, inline)
+	}
+	return c.writeRendezvousLocked(x, inline)
+}
+
+// readRendezvousLocked waits, for a zero-copy source, until the peer has
+// read it; a copied source needs no wait.
+func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
+	c.txq = append(c.txq, x)
+	if x.temp != nil {
+		c.copyInFlight += int(x.size)
+		return inline + int(x.size), nil
+	}
+	for !x.done {
+		var err error
+		switch {
+		case c.err != nil:
+			err = c.err
+		case c.closed:
+			err = net.ErrClosed
+		case c.qpDead:
+			err = &resetError{reason: "peer gone"}
+		case c.wdl.expired.Load():
+			// The peer may be reading our buffer: the only way to give
+			// it back now is to revoke it, which ends the connection.
+			err = os.ErrDeadlineExceeded
+			c.abortLocked(&abortError{err: errors.New("write deadline passed during a zero-copy transfer")})
+		}
+		if err != nil {
+			c.abandonTxLocked(x)
+			return inline, err
+		}
+		c.waitLocked(&c.wdl, true)
+	}
+	return inline + int(x.size), nil
+}
+
+// abandonTxLocked revokes a zero-copy source the peer has not finished
+// with; the caller ends the connection.
+func (c *Conn) abandonTxLocked(x *txfer) {
+	if x.done || c.torn {
+		return
+	}
+	for i, y := range c.txq {
+		if y == x {
+			c.txq = append(c.txq[:i:i], c.txq[i+1:]...)
+			break
+		}
+	}
+	c.releaseSourceLocked(x)
+	if c.err == nil {
+		c.abortLocked(&abortError{err: errors.New("zero-copy write abandoned")})
+	}
+}
+
+// writeRendezvousLocked serves the peer's sinks: for each cts, an RDMA
+// Write of that chunk, then done. A deadline, Close or failure while no
+// RDMA Write is in flight cancels the rest.
+func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
+	c.wtx = x
+	defer func() {
+		if c.wtx == x {
+			c.wtx = nil
+		}
+		c.releaseSourceLocked(x)
+	}()
+	for x.off < x.size {
+		if x.writing {
+			// Our own RDMA Write: bounded, wait it out.
+			c.waitLocked(nil, false)
+			continue
+		}
+		if x.werr != nil {
+			return inline + int(x.off), x.werr
+		}
+		if x.cts && c.err == nil && !c.qpDead && !c.closed {
+			local := x.src[x.ctsOff : x.ctsOff+x.ctsLen]
+			err := c.qp.PostSend(nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey})
+			if err != nil {
+				c.qpFailedLocked(err)
+				continue
+			}
+			x.cts, x.writing = false, true
+			c.stats.count(cRDMAWrites, 1)
+			// The nic executes a queue pair's work in order: done
+			// reaches the peer after the data.
+			c.queueCtlLocked(ctlMsg{typ: msgDone, id: x.id, off: x.ctsOff, size: x.ctsLen})
+			continue
+		}
+		var err error
+		switch {
+		case c.err != nil:
+			err = c.err
+		case c.qpDead:
+			err = &resetError{reason: "peer gone"}
+		case c.closed:
+			err = net.ErrClosed
+		case c.wdl.expired.Load():
+			err = os.ErrDeadlineExceeded
+		}
+		if err != nil {
+			if c.err == nil && !c.qpDead {
+				c.queueCtlLocked(ctlMsg{typ: msgCancel, id: x.id, off: x.off})
+				c.lastCancelled = x.id + 1
+				c.stats.count(cCancels, 1)
+			}
+			return inline + int(x.off), err
+		}
+		c.waitLocked(&c.wdl, true)
+	}
+	return inline + int(x.size), nil
+}
+
+// onRTSLocked queues a peer's rts.
+func (c *Conn) onRTSLocked(idx int, h *header, payload []byte) {
+	switch {
+	case c.closed:
+		c.abortLocked(&abortError{err: errLateData})
+		return
+	case c.peerFin:
+		c.abortLocked(protoErr("rts after fin"))
+		return
+	case h.ID() != c.nextRx:
+		c.abortLocked(protoErr("rts of transfer %d, expected %d", h.ID(), c.nextRx))
+		return
+	case h.Flags()&flagRead != 0 && !c.offerRead:
+		c.abortLocked(protoErr("read rendezvous towards a side that does not RDMA Read"))
+		return
+	case int(h.Size()) > c.cfg.MaxTransfer:
+		c.abortLocked(protoErr("rts of %d bytes, more than our %d", h.Size(), c.cfg.MaxTransfer))
+		return
+	}
+	c.nextRx++
+	c.rx = append(c.rx, rxEntry{
+		kind: msgRTS, buf: idx, data: payload,
+		id: h.ID(), size: h.Size(), read: h.Flags()&flagRead != 0,
+		addr: h.Addr(), rkey: h.RKey(),
+	})
+}
+
+// onCTSLocked records the peer's sink for our write rendezvous.
+func (c *Conn) onCTSLocked(h *header) {
+	x := c.wtx
+	if x == nil || x.id != h.ID() {
+		if c.lastCancelled != 0 && h.ID() == c.lastCancelled-1 {
+			return // it crossed our cancel
+		}
+		c.abortLocked(protoErr("cts for transfer %d, which is not in progress", h.ID()))
+		return
+	}
+	if x.cts || x.writing {
+		c.abortLocked(protoErr("cts for transfer %d while a chunk is in progress", h.ID()))
+		return
+	}
+	if h.Offset() != x.off || h.Size() > x.size-x.off {
+		c.abortLocked(protoErr("cts chunk [%d, +%d) of transfer %d: %d of %d bytes written", h.Offset(), h.Size(), h.ID(), x.off, x.size))
+		return
+	}
+	x.cts = true
+	x.ctsOff, x.ctsLen, x.ctsAddr, x.ctsKey = h.Offset(), h.Size(), h.Addr(), h.RKey()
+}
+
+// onDoneLocked completes a chunk of our write-rendezvous receive, or the
+// oldest of our read-rendezvous sends.
+func (c *Conn) onDoneLocked(h *header) {
+	if op := &c.rd; op.active && !op.read && !op.done && !op.cancelled {
+		if h.ID() != op.id || h.Offset() != op.off || h.Size() != op.n {
+			c.abortLocked(protoErr("done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.off, op.n))
+			return
+		}
+		op.done = true
+		return
+	}
+	if len(c.txq) == 0 {
+		c.abortLocked(protoErr("done of transfer %d, none outstanding", h.ID()))
+		return
+	}
+	x := c.txq[0]
+	if h.ID() != x.id || h.Size() != x.size || h.Offset() != 0 {
+		c.abortLocked(protoErr("out-of-order done: transfer %d of %d bytes, expected %d of %d", h.ID(), h.Size(), x.id, x.size))
+		return
+	}
+	c.txq[0] = nil
+	c.txq = c.txq[1:]
+	if len(c.txq) == 0 {
+		c.txq = nil
+	}
+	x.done = true
+	if x.temp != nil {
+		c.copyInFlight -= int(x.size)
+	}
+	c.releaseSourceLocked(x)
+	c.stats.count(cBytesReadRdv, uint64(x.size))
+}
+
+// onCancelLocked ends a write rendezvous the peer gave up.
+func (c *Conn) onCancelLocked(h *header) {
+	var e *rxEntry
+	for i := c.rxHead; i < len(c.rx); i++ {
+		if c.rx[i].kind == msgRTS && !c.rx[i].read && c.rx[i].id == h.ID() {
+			e = &c.rx[i]
+			break
+		}
+	}
+	if e == nil {
+		c.abortLocked(protoErr("cancel of transfer %d, which is not in progress", h.ID()))
+		return
+	}
+	if h.Offset() != e.off {
+		c.abortLocked(protoErr("cancel of transfer %d at %d, %d bytes arrived", h.ID(), h.Offset(), e.off))
+		return
+	}
+	if op := &c.rd; op.active && op.id == e.id && !op.read {
+		if op.done {
+			c.abortLocked(protoErr("cancel of transfer %d after its done", h.ID()))
+			return
+		}
+		op.cancelled = true
+	}
+	e.size = e.off
+}
+
+// onRDMALocked completes one of our RDMA operations.
+func (c *Conn) onRDMALocked(comp *nic.Completion) {
+	var err error
+	if comp.Status != nic.StatusSuccess {
+		err = comp.Err()
+		if comp.Status == nic.StatusRemoteAccess {
+			c.abortLocked(protoErr("peer descriptor outside its registrations: %v", err))
+			err = c.err
+		} else {
+			c.qpFailedLocked(err)
+			if c.err != nil {
+				err = c.err
+			}
+		}
+	}
+	if comp.ID&wrKind == wrRead {
+		if c.rd.active && c.rd.read {
+			c.rd.done, c.rd.err = true, err
+		}
+		return
+	}
+	if x := c.wtx; x != nil && x.writing {
+		x.writing = false
+		if err != nil {
+			x.werr = err
+			return
+		}
+		x.off = x.ctsOff + x.ctsLen
+		c.stats.count(cBytesWriteRdv, uint64(x.ctsLen))
+	}
+}
+
+// popRxLocked drops the head of the receive queue.
+func (c *Conn) popRxLocked() {
+	c.rx[c.rxHead] = rxEntry{}
+	c.rxHead++
+	if c.rxHead == len(c.rx) {
+		c.rx, c.rxHead = c.rx[:0], 0
+	}
+}
+
+// readLocked delivers into b[n:] what has arrived, starting the
+// rendezvous receive that the head of the queue needs. It returns the new
+// n and whether the caller must wait for progress to get more.
+func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
+	for n < len(b) {
+		if len(c.staged) > 0 {
+			k := copy(b[n:], c.staged)
+			c.staged = c.staged[k:]
+			n += k
+			if len(c.staged) == 0 {
+				c.staged = nil
+				c.releaseStageLocked()
+			}
+			continue
+		}
+		if c.rd.active {
+			op := &c.rd
+			if !op.done && !op.cancelled {
+				if !op.read && (c.err != nil || c.closed || c.qpDead) {
+					// The sender will not serve our sink any more.
+					err := c.abandonRecvLocked()
+					return n, false, err
+				}
+				return n, true, nil
+			}
+			k, err := c.finishRecvLocked()
+			if err != nil {
+				return n, false, err
+			}
+			n += k
+			continue
+		}
+		if c.rxHead == len(c.rx) {
+			return n, true, nil
+		}
+		e := &c.rx[c.rxHead]
+		switch e.kind {
+		case msgFin:
+			if n > 0 {
+				return n, false, nil
+			}
+			return 0, false, io.EOF
+		case msgData:
+			k := copy(b[n:], e.data)
+			e.data = e.data[k:]
+			n += k
+			if len(e.data) == 0 {
+				c.consumeLocked(e.buf, false)
+				c.popRxLocked()
+			}
+		case msgRTS:
+			if len(e.data) > 0 {
+				k := copy(b[n:], e.data)
+				e.data = e.data[k:]
+				n += k
+				continue
+			}
+			if e.off == e.size {
+				if e.read {
+					c.queueCtlLocked(ctlMsg{typ: msgDone, id: e.id, size: e.size})
+				}
+				c.consumeLocked(e.buf, false)
+				c.popRxLocked()
+				continue
+			}
+			if n > 0 && len(b)-n < c.cfg.DirectRead {
+				return n, false, nil
+			}
+			if err := c.startRecvLocked(e, b[n:]); err != nil {
+				return n, false, err
+			}
+		}
+	}
+	return n, false, nil
+}
+
+// startRecvLocked starts receiving the next chunk of the rendezvous e:
+// into dst itself when it is large enough (or takes the whole rest),
+// otherwise into the staging buffer.
+func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
+	rem := e.size - e.off
+	direct := len(dst) >= c.cfg.DirectRead || uint32(len(dst)) >= rem
+	if !e.read && c.rdl.isSet.Load() {
+		// A direct sink must be served before Read returns; with a
+		// deadline, use the staging buffer, which may be left behind.
+		direct = false
+	}
+	access := nic.AccessLocalWrite
+	if !e.read {
+		access |= nic.AccessRemoteWrite
+	}
+	var buf []byte
+	var mr *nic.MemoryRegion
+	var err error
+	if direct {
+		buf = dst[:min(uint32(len(dst)), rem)]
+		if mr, err = c.dev.register(buf, access); err != nil {
+			direct = false
+			c.stats.count(cFallbacks, 1)
+		}
+	}
+	if !direct {
+		if c.stage == nil {
+			if c.stage, err = c.dev.getTemp(int(min(rem, uint32(c.cfg.StagingSize)))); err != nil {
+				return err
+			}
+		}
+		buf = c.stage[:min(rem, uint32(len(c.stage)))]
+		if mr, err = c.dev.register(buf, access); err != nil {
+			c.releaseStageLocked()
+			return err
+		}
+	}
+	c.stats.count(cRegisters, 1)
+	c.rd = recvOp{active: true, direct: direct, read: e.read, id: e.id, off: e.off, n: uint32(len(buf)), mr: mr}
+	if e.read {
+		err := c.qp.PostSend(nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: buf, LKey: mr.LKey, Remote: e.addr + uint64(e.off), RKey: e.rkey})
+		if err != nil {
+			c.rd = recvOp{}
+			c.dev.nic.Deregister(mr)
+			c.qpFailedLocked(err)
+			return c.writableLocked()
+		}
+		c.stats.count(cRDMAReads, 1)
+		return nil
+	}
+	c.queueCtlLocked(ctlMsg{typ: msgCTS, id: e.id, off: e.off, size: uint32(len(buf)), addr: uint64(mr.Addr), rkey: mr.RKey})
+	return nil
+}
+
+// finishRecvLocked ends the receive operation, which completed or was
+// cancelled, and returns how many bytes it put into the Read's buffer.
+func (c *Conn) finishRecvLocked() (int, error) {
+	op := c.rd
+	c.rd = recvOp{}
+	if op.mr != nil && !c.torn {
+		c.dev.nic.Deregister(op.mr)
+	}
+	if op.err != nil {
+		if c.err != nil {
+			return 0, c.err
+		}
+		return 0, op.err
+	}
+	if op.cancelled {
+		c.releaseStageLocked()
+		return 0, nil
+	}
+	e := &c.rx[c.rxHead]
+	e.off += op.n
+	if op.direct {
+		c.stats.count(cBytesDirect, uint64(op.n))
+		return int(op.n), nil
+	}
+	c.stats.count(cBytesStaged, uint64(op.n))
+	c.staged = c.stage[:op.n]
+	return 0, nil
+}
+
+// abandonRecvLocked revokes a sink the sender will not serve (the
+// connection failed or is closing) and returns why.
+func (c *Conn) abandonRecvLocked() error {
+	op := c.rd
+	c.rd = recvOp{}
+	if op.mr != nil && !c.torn {
+		c.dev.nic.Deregister(op.mr)
+	}
+	if !op.direct && c.stage != nil {
+		c.dev.dropTemp(c.stage) // it may still be written: never reuse it
+		c.stage, c.staged = nil, nil
+	}
+	switch {
+	case c.closed:
+		return net.ErrClosed
+	case c.err != nil:
+		return c.err
+	}
+	return &resetError{reason: "peer gone"}
+}
+
+// releaseStageLocked gives the staging buffer back when it is idle.
+func (c *Conn) releaseStageLocked() {
+	if c.stage != nil && len(c.staged) == 0 && !c.rd.active && !c.torn {
+		c.dev.putTemp(c.stage)
+		c.stage = nil
+	}
+}

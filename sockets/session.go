@@ -1,0 +1,651 @@
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/shm"
+)
+
+// Work request ids: the kind in the top byte, an index below.
+const (
+	wrRecv  uint64 = 1 << 56
+	wrSend  uint64 = 2 << 56
+	wrRead  uint64 = 3 << 56
+	wrWrite uint64 = 4 << 56
+	wrBell  uint64 = 5 << 56
+	wrKind  uint64 = 0xff << 56
+)
+
+var (
+	errUnread   = errors.New("closed with unread data")
+	errLateData = errors.New("data arrived after close")
+)
+
+// progress polls the completion queue once, waiting as the configuration
+// says, and dispatches what it finds; or, when another goroutine polls,
+// waits for that one's next round. It returns os.ErrDeadlineExceeded when
+// dl passes (nil: no deadline) and net.ErrClosed after Close if
+// stopOnClose. The caller holds no lock and rechecks its condition.
+func (c *Conn) progress(dl *deadline, stopOnClose bool) error {
+	c.mu.Lock()
+	if c.torn {
+		c.mu.Unlock()
+		return net.ErrClosed
+	}
+	if c.polling {
+		if c.changed == nil {
+			c.changed = make(chan struct{})
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		var dch, cch chan struct{}
+		if dl != nil {
+			dch = dl.wait()
+		}
+		if stopOnClose {
+			cch = c.closing
+		}
+		select {
+		case <-ch:
+			return nil
+		case <-dch:
+			return os.ErrDeadlineExceeded
+		case <-cch:
+			return net.ErrClosed
+		}
+	}
+	c.polling = true
+	c.mu.Unlock()
+	n, err := c.pollCQ(dl, stopOnClose)
+	c.mu.Lock()
+	for i := 0; i < n; i++ {
+		c.dispatchLocked(&c.comps[i])
+		c.comps[i] = nic.Completion{}
+	}
+	if n > 0 {
+		c.pumpLocked()
+	}
+	c.polling = false
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
+	c.mu.Unlock()
+	return err
+}
+
+// pollCQ waits for completions into c.comps. The caller is the poller.
+func (c *Conn) pollCQ(dl *deadline, stopOnClose bool) (int, error) {
+	comps := c.comps[:]
+	k := c.kick.Load()
+	if n := c.cq.Poll(comps); n > 0 {
+		return n, nil
+	}
+	mode := c.cfg.Wait.Mode
+	if mode != shm.WaitBlock {
+		var spinEnd time.Time
+		if mode == shm.WaitAdaptive {
+			spinEnd = time.Now().Add(c.cfg.Wait.Spin)
+		}
+		for i := 1; ; i++ {
+			if n := c.cq.Poll(comps); n > 0 {
+				return n, nil
+			}
+			if i%64 == 0 {
+				if dl != nil && dl.expired.Load() {
+					return 0, os.ErrDeadlineExceeded
+				}
+				if c.kick.Load() != k {
+					return 0, nil
+				}
+				if mode == shm.WaitAdaptive && time.Now().After(spinEnd) {
+					break
+				}
+			}
+		}
+	}
+	var t time.Time
+	if dl != nil {
+		t = dl.when()
+	}
+	c.mu.Lock()
+	if c.noSleep {
+		c.mu.Unlock()
+		return c.napCQ(dl, k)
+	}
+	c.sleeping = true
+	c.mu.Unlock()
+	var n int
+	var err error
+	if c.kick.Load() == k && !(dl != nil && dl.expired.Load()) {
+		n, err = c.cq.Wait(comps, t)
+	}
+	c.mu.Lock()
+	c.sleeping = false
+	c.repostLocked()
+	c.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			if dl != nil && dl.expired.Load() {
+				return 0, os.ErrDeadlineExceeded
+			}
+			return 0, nil // the deadline moved
+		}
+		return 0, err
+	}
+	return n, nil
+}
+
+// napCQ polls with growing naps instead of sleeping in
+// CompletionQueue.Wait (see noSleep).
+func (c *Conn) napCQ(dl *deadline, k uint32) (int, error) {
+	for nap := time.Microsecond; ; nap = min(2*nap, time.Millisecond) {
+		if n := c.cq.Poll(c.comps[:]); n > 0 {
+			return n, nil
+		}
+		if dl != nil && dl.expired.Load() {
+			return 0, os.ErrDeadlineExceeded
+		}
+		if c.kick.Load() != k {
+			return 0, nil
+		}
+		time.Sleep(nap)
+	}
+}
+
+// repostLocked posts the receive buffers consumed while the poller slept.
+func (c *Conn) repostLocked() {
+	for _, i := range c.reposts {
+		if c.qpDead || c.torn {
+			break
+		}
+		if err := c.qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.recvMR.LKey}); err != nil {
+			c.qpFailedLocked(err)
+		}
+	}
+	c.reposts = c.reposts[:0]
+}
+
+// ringBellLocked wakes the poller sleeping in CompletionQueue.Wait: a
+// zero-byte RDMA Write to the peer's doorbell completes on our queue.
+func (c *Conn) ringBellLocked() {
+	if c.sleeping && c.helloDone && !c.qpDead && !c.torn {
+		c.stats.count(cDoorbells, 1)
+		c.qp.PostSend(nic.SendWR{ID: wrBell, Op: nic.OpWrite, Remote: c.peerBell, RKey: c.peerBellKey})
+	}
+}
+
+// credits returns how many more messages the peer can take now.
+func (c *Conn) creditsLocked() uint32 { return c.peerWindow - (c.sent - c.peerAck) }
+
+// canSendLocked tells whether a message may go now: a free send buffer and
+// a credit, keeping the last credit for credit messages (and aborts).
+func (c *Conn) canSendLocked(creditClass bool) bool {
+	if len(c.sendFree) == 0 || c.qpDead || c.torn || !c.helloDone {
+		return false
+	}
+	if creditClass {
+		return c.creditsLocked() >= 1
+	}
+	return c.creditsLocked() >= 2
+}
+
+// sendLocked sends one control message built from h and payload; the
+// caller checked canSendLocked. It fills in the ack.
+func (c *Conn) sendLocked(h *header, payload []byte) error {
+	i := c.sendFree[len(c.sendFree)-1]
+	c.sendFree = c.sendFree[:len(c.sendFree)-1]
+	buf := c.sendBufs[i]
+	h.SetAck(c.consumed)
+	h.SetLen(uint32(len(payload)))
+	copy(buf, h[:])
+	n := headerSize + copy(buf[headerSize:], payload)
+	if err := c.qp.PostSend(nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: buf[:n], LKey: c.sendMR.LKey}); err != nil {
+		c.sendFree = append(c.sendFree, i)
+		c.qpFailedLocked(err)
+		return c.writableLocked()
+	}
+	c.sent++
+	if h.Type() != msgCredit {
+		c.lastNonCredit = c.sent
+	} else {
+		c.stats.count(cCreditMsgs, 1)
+	}
+	c.ackSent = c.consumed
+	c.owed = 0
+	c.stats.count(cMsgsSent, 1)
+	return nil
+}
+
+// queueCtlLocked queues a control message; pumpLocked sends it when a
+// credit allows, in order.
+func (c *Conn) queueCtlLocked(m ctlMsg) {
+	c.ctlq = append(c.ctlq, m)
+	c.pumpLocked()
+}
+
+// pumpLocked sends queued control messages and an explicit credit
+// message when one is due.
+func (c *Conn) pumpLocked() {
+	for len(c.ctlq) > 0 && c.canSendLocked(false) {
+		m := c.ctlq[0]
+		var h header
+		h.SetType(m.typ)
+		h.SetID(m.id)
+		h.SetSize(m.size)
+		h.SetOffset(m.off)
+		h.SetAddr(m.addr)
+		h.SetRKey(m.rkey)
+		if c.sendLocked(&h, nil) != nil {
+			return
+		}
+		c.ctlq = c.ctlq[1:]
+	}
+	if len(c.ctlq) == 0 {
+		c.ctlq = c.ctlq[:0]
+	}
+	// Return credit at half the window, or at once when the peer is
+	// closing or we are (it waits for our ack to finish).
+	due := c.owed >= int(c.window/2) || (c.owed > 0 && (c.peerFin || c.closed))
+	if due && c.canSendLocked(true) {
+		var h header
+		h.SetType(msgCredit)
+		c.sendLocked(&h, nil)
+	}
+}
+
+// consumeLocked reposts receive buffer i: its message is consumed.
+func (c *Conn) consumeLocked(i int, credit bool) {
+	c.consumed++
+	if !credit {
+		c.owed++
+	}
+	if c.qpDead || c.torn {
+		return
+	}
+	if c.sleeping {
+		// nic: CompletionQueue.Wait reads the receive ring without the
+		// lock PostRecv takes (a data race); the poller reposts when it
+		// wakes, and we wake it.
+		c.reposts = append(c.reposts, i)
+		if len(c.reposts) == 1 {
+			c.ringBellLocked()
+		}
+		return
+	}
+	if err := c.qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.recvMR.LKey}); err != nil {
+		c.qpFailedLocked(err)
+	}
+}
+
+// dispatchLocked handles one completion.
+func (c *Conn) dispatchLocked(comp *nic.Completion) {
+	idx := int(comp.ID &^ wrKind)
+	switch comp.ID & wrKind {
+	case wrRecv:
+		if comp.Status != nic.StatusSuccess {
+			if comp.Status == nic.StatusLocalLength {
+				c.abortLocked(protoErr("message larger than our %d-byte buffers", c.bufSize))
+				return
+			}
+			c.qpFailedLocked(comp.Err())
+			return
+		}
+		c.onRecvLocked(idx, comp.Bytes)
+	case wrSend:
+		c.sendFree = append(c.sendFree, idx)
+		if comp.Status != nic.StatusSuccess {
+			c.qpFailedLocked(comp.Err())
+		}
+	case wrRead, wrWrite:
+		c.onRDMALocked(comp)
+	case wrBell:
+		if comp.Status != nic.StatusSuccess {
+			c.qpFailedLocked(comp.Err())
+		}
+	}
+}
+
+// onRecvLocked handles a message the peer sent into receive buffer idx.
+func (c *Conn) onRecvLocked(idx, n int) {
+	if c.err != nil && !c.errDrain {
+		return // aborted: nothing more is read
+	}
+	if idx < 0 || idx >= len(c.recvBufs) || n > len(c.recvBufs[idx]) {
+		c.abortLocked(protoErr("receive completion for buffer %d of %d bytes", idx, n))
+		return
+	}
+	h, payload, err := parseMessage(c.recvBufs[idx][:n])
+	if err != nil {
+		c.abortLocked(protoErr("malformed message: %v", err))
+		return
+	}
+	c.stats.count(cMsgsReceived, 1)
+	t := h.Type()
+	if !c.helloDone {
+		if t != msgHello {
+			if t == msgAbort {
+				c.resetLocked(&resetError{reason: string(payload)})
+				return
+			}
+			c.abortLocked(protoErr("first message is %v, not hello", t))
+			return
+		}
+		c.received++
+		c.onHelloLocked(&h, payload)
+		c.consumeLocked(idx, true)
+		return
+	}
+	// Credits: the peer may have at most window messages unacknowledged,
+	// the last of which only for a credit message or an abort.
+	limit := c.window - 1
+	if t == msgCredit || t == msgAbort {
+		limit = c.window
+	}
+	if c.received-c.ackSent >= limit {
+		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+		return
+	}
+	c.received++
+	if ack := h.Ack(); ack-c.peerAck > c.sent-c.peerAck {
+		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
+		return
+	} else {
+		c.peerAck = ack
+	}
+	switch t {
+	case msgHello:
+		c.abortLocked(protoErr("second hello"))
+	case msgData:
+		if c.closed {
+			c.abortLocked(&abortError{err: errLateData})
+			return
+		}
+		if c.peerFin {
+			c.abortLocked(protoErr("data after fin"))
+			return
+		}
+		c.rx = append(c.rx, rxEntry{kind: msgData, buf: idx, data: payload})
+	case msgRTS:
+		c.onRTSLocked(idx, &h, payload)
+	case msgCTS:
+		c.onCTSLocked(&h)
+		c.consumeLocked(idx, false)
+	case msgDone:
+		c.onDoneLocked(&h)
+		c.consumeLocked(idx, false)
+	case msgCancel:
+		c.onCancelLocked(&h)
+		c.consumeLocked(idx, false)
+	case msgCredit:
+		c.consumeLocked(idx, true)
+	case msgFin:
+		if c.peerFin {
+			c.abortLocked(protoErr("second fin"))
+			return
+		}
+		c.peerFin = true
+		c.rx = append(c.rx, rxEntry{kind: msgFin, buf: -1})
+		c.consumeLocked(idx, false)
+	case msgAbort:
+		c.resetLocked(&resetError{reason: string(payload)})
+	}
+}
+
+func (c *Conn) onHelloLocked(h *header, payload []byte) {
+	m, err := parseHello(h, payload)
+	if err != nil {
+		c.abortLocked(protoErr("%v", err))
+		return
+	}
+	lo, hi := c.versions()
+	v, ok := negotiate(lo, hi, m.minVer, m.maxVer)
+	if !ok {
+		c.abortLocked(&abortError{err: fmt.Errorf("%w: we speak [%d, %d], the peer [%d, %d]", ErrVersion, lo, hi, m.minVer, m.maxVer)})
+		return
+	}
+	c.version = v
+	if !c.dialer {
+		// Grant no more than the dialer's rings hold.
+		if m.ringCap < uint32(shm.MinRingCapacity) || m.ringCap > uint32(shm.MaxRingCapacity) {
+			c.abortLocked(protoErr("hello ring capacity %d", m.ringCap))
+			return
+		}
+		fit := int(m.ringCap)/recordSize(c.bufSize) - 2
+		if fit < minWindow {
+			c.abortLocked(protoErr("the dialer's rings of %d bytes hold too few of our %d-byte messages", m.ringCap, c.bufSize))
+			return
+		}
+		c.window = uint32(min(int(c.window), fit))
+	} else if m.ringCap != 0 {
+		c.abortLocked(protoErr("hello from the acceptor with ring capacity %d", m.ringCap))
+		return
+	}
+	c.peerWindow = m.window
+	c.peerBufSize = int(m.bufSize)
+	c.peerRead = m.flags&helloRead != 0
+	c.peerMaxXfer = int(m.maxTransfer)
+	c.peerBell, c.peerBellKey = m.bellAddr, m.bellKey
+	c.maxPayload = min(c.bufSize, c.peerBufSize) - headerSize
+	c.helloDone = true
+}
+
+// sendHelloLocked sends our hello; it needs no credit (the peer posts its
+// receives before it reads ours, and a hello fits the smallest buffer).
+func (c *Conn) sendHelloLocked() error {
+	lo, hi := c.versions()
+	m := hello{minVer: lo, maxVer: hi, window: c.window, bufSize: uint32(c.bufSize), maxTransfer: uint32(c.cfg.MaxTransfer)}
+	if c.offerRead {
+		m.flags |= helloRead
+	}
+	if c.dialer {
+		m.ringCap = uint32(c.dev.key.ringCap)
+	}
+	var p [helloSize]byte
+	m.put(p[:])
+	var h header
+	h.SetType(msgHello)
+	h.SetAddr(uint64(c.bellMR.Addr))
+	h.SetRKey(c.bellMR.RKey)
+	done := c.helloDone
+	c.helloDone = true // lets sendLocked go; no credit is checked
+	err := c.sendLocked(&h, p[:])
+	c.helloDone = done
+	return err
+}
+
+func (c *Conn) versions() (uint16, uint16) {
+	if c.cfg.versions != [2]uint16{} {
+		return c.cfg.versions[0], c.cfg.versions[1]
+	}
+	return protoMinVersion, protoMaxVersion
+}
+
+// abortLocked aborts the connection because of err: it tells the peer
+// (best effort: an abort message), fails every call, and releases the
+// connection.
+func (c *Conn) abortLocked(err error) {
+	if c.err != nil && !c.errDrain {
+		return
+	}
+	c.err, c.errDrain = err, false
+	c.stats.count(cAborts, 1)
+	if c.helloDone && c.canSendLocked(true) {
+		reason := err.Error()
+		if len(reason) > maxReason {
+			reason = reason[:maxReason]
+		}
+		var h header
+		h.SetType(msgAbort)
+		if c.sendLocked(&h, []byte(reason)) == nil {
+			c.abortSent = true
+		}
+	}
+	c.wakeLocked()
+	c.teardownLocked()
+}
+
+// resetLocked records that the peer reset the connection: received data
+// is still delivered, then err.
+func (c *Conn) resetLocked(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err, c.errDrain = err, true
+	c.stats.count(cResets, 1)
+	c.wakeLocked()
+	c.teardownLocked()
+}
+
+// qpFailedLocked records that the queue pair failed: the peer closed it
+// or died, or a work request failed.
+func (c *Conn) qpFailedLocked(reason error) {
+	if c.qpDead {
+		return
+	}
+	c.qpDead = true
+	if c.err == nil && !c.closed {
+		var ce *nic.CompletionError
+		if errors.As(reason, &ce) && ce.Status == nic.StatusRemoteAccess {
+			c.abortLocked(protoErr("peer descriptor outside its registrations: %v", reason))
+			return
+		}
+		if !c.peerFin {
+			c.resetLocked(&resetError{reason: "peer gone"})
+			return
+		}
+		// After a fin, reads end with EOF; writes fail.
+		c.err, c.errDrain = &resetError{reason: "peer closed"}, true
+	}
+	c.wakeLocked()
+	if c.closed || c.err != nil {
+		c.teardownLocked()
+	}
+}
+
+// abortGrace bounds how long an aborting side waits for the peer to take
+// its abort and hang up first.
+const abortGrace = 500 * time.Millisecond
+
+// awaitHangup waits, for at most grace, until the peer hangs up. nic: a
+// hang-up drains the peer's receive ring without the lock that a waiter
+// in CompletionQueue.Wait skips too (a data race); if the peer is asleep
+// there with our abort in its ring when we hang up, the race happens.
+// The peer takes the abort, resets and hangs up itself; then we go.
+func (c *Conn) awaitHangup(grace time.Duration) {
+	end := time.Now().Add(grace)
+	for nap := time.Microsecond; c.qp.State() != nic.QPError && time.Now().Before(end); nap = min(2*nap, time.Millisecond) {
+		time.Sleep(nap)
+	}
+}
+
+// teardownLocked starts releasing the connection in the background.
+func (c *Conn) teardownLocked() {
+	if c.tearing {
+		return
+	}
+	c.tearing = true
+	go c.teardown()
+}
+
+// linger delivers what a closed connection wrote: it sends the queued
+// messages and waits until the peer consumed all of them, or the peer
+// went, or Config.Linger passed; then it tears the connection down.
+func (c *Conn) linger() {
+	dl := makeDeadline()
+	dl.set(time.Now().Add(c.cfg.Linger))
+	c.mu.Lock()
+	// nic: a hang-up drains the receive ring without the lock that
+	// CompletionQueue.Wait skips too (a data race); the peer hangs up at
+	// the end of a linger, so nap instead of sleeping there.
+	c.noSleep = true
+	for !c.qpDead && c.err == nil && !c.torn {
+		c.pumpLocked()
+		if len(c.ctlq) == 0 && int32(c.peerAck-c.lastNonCredit) >= 0 && len(c.txq) == 0 {
+			break
+		}
+		c.mu.Unlock()
+		err := c.progress(&dl, false)
+		c.mu.Lock()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.abortLocked(&abortError{err: fmt.Errorf("peer consumed nothing for %v after close", c.cfg.Linger)})
+			break
+		}
+	}
+	c.mu.Unlock()
+	dl.set(time.Time{})
+	c.teardown()
+}
+
+// teardown releases the connection's registrations, then its queue pair,
+// then its hold on the device. It waits for the calls in flight to
+// return. Idempotent.
+func (c *Conn) teardown() {
+	c.tearOnce.Do(func() {
+		c.rmu.Lock()
+		c.wmu.Lock()
+		c.mu.Lock()
+		c.tearing = true
+		c.torn = true
+		d := c.dev
+		var keep, drop [][]byte
+		dereg := func(mr **nic.MemoryRegion) {
+			if *mr != nil {
+				d.nic.Deregister(*mr)
+				*mr = nil
+			}
+		}
+		for _, x := range c.txq {
+			dereg(&x.mr)
+			if x.temp != nil {
+				keep = append(keep, x.temp)
+			}
+		}
+		c.txq = nil
+		if x := c.wtx; x != nil {
+			dereg(&x.mr)
+			if x.temp != nil {
+				keep = append(keep, x.temp)
+			}
+			c.wtx = nil
+		}
+		if c.rd.active {
+			dereg(&c.rd.mr)
+			if !c.rd.read && !c.rd.direct && c.stage != nil {
+				// The peer may still be writing it: never reuse it.
+				drop = append(drop, c.stage)
+				c.stage = nil
+			}
+			c.rd = recvOp{}
+		}
+		if c.stage != nil {
+			keep = append(keep, c.stage)
+			c.stage, c.staged = nil, nil
+		}
+		dereg(&c.bellMR)
+		dereg(&c.sendMR)
+		dereg(&c.recvMR)
+		c.wakeLocked()
+		abortSent := c.abortSent
+		c.mu.Unlock()
+		c.wmu.Unlock()
+		c.rmu.Unlock()
+		if abortSent {
+			c.awaitHangup(abortGrace)
+		}
+		c.qp.Close()
+		for _, b := range keep {
+			d.putTemp(b)
+		}
+		for _, b := range drop {
+			d.dropTemp(b)
+		}
+		d.release()
+		close(c.tornDown)
+	})
+}

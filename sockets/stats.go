@@ -1,0 +1,100 @@
+package sockets
+
+import "sync/atomic"
+
+// Counters is a snapshot of what connections did and which path every
+// byte took.
+//
+// Every byte written is counted once under BytesEager, BytesInline (the
+// first part of a rendezvous, inside its rts), BytesReadRendezvous or
+// BytesWriteRendezvous; rendezvous bytes are counted again under
+// BytesZeroCopy or BytesCopied by how the source was provided, and on the
+// receiving side under BytesDirect or BytesStaged by where they landed.
+type Counters struct {
+	BytesEager           uint64
+	BytesInline          uint64
+	BytesReadRendezvous  uint64
+	BytesWriteRendezvous uint64
+	BytesZeroCopy        uint64
+	BytesCopied          uint64
+	BytesDirect          uint64 // rendezvous bytes received into the Read's own buffer
+	BytesStaged          uint64 // rendezvous bytes received through a staging buffer
+	BytesRead            uint64 // bytes returned by Read
+
+	Rendezvous   uint64 // rendezvous started (rts sent)
+	CopyChosen   uint64 // rendezvous whose source was copied into temporary memory
+	ZeroChosen   uint64 // rendezvous whose source was registered in place
+	Fallbacks    uint64 // the chosen source failed for lack of resources; the other was used
+	RDMAReads    uint64
+	RDMAWrites   uint64
+	MsgsSent     uint64
+	MsgsReceived uint64
+	CreditMsgs   uint64 // explicit credit messages sent
+	CreditStalls uint64 // times a send waited for credit
+	Cancels      uint64 // write rendezvous cancelled by a deadline
+	ENOBUFS      uint64 // writes that failed with ENOBUFS
+	Aborts       uint64 // connections this side aborted
+	Resets       uint64 // connections the peer reset or lost
+	Doorbells    uint64 // self wake-ups of a sleeping poller
+	Registers    uint64 // nic registrations made
+}
+
+type counter int
+
+const (
+	cBytesEager counter = iota
+	cBytesInline
+	cBytesReadRdv
+	cBytesWriteRdv
+	cBytesZeroCopy
+	cBytesCopied
+	cBytesDirect
+	cBytesStaged
+	cBytesRead
+	cRendezvous
+	cCopyChosen
+	cZeroChosen
+	cFallbacks
+	cRDMAReads
+	cRDMAWrites
+	cMsgsSent
+	cMsgsReceived
+	cCreditMsgs
+	cCreditStalls
+	cCancels
+	cENOBUFS
+	cAborts
+	cResets
+	cDoorbells
+	cRegisters
+	nCounters
+)
+
+// stats is a set of counters, each updated atomically.
+type stats struct{ v [nCounters]atomic.Uint64 }
+
+var globalStats stats
+
+// GlobalStats returns the process-wide counters of all connections.
+func GlobalStats() Counters { return globalStats.snapshot() }
+
+// count adds n to a connection's counter and to the global one.
+func (s *stats) count(c counter, n uint64) {
+	s.v[c].Add(n)
+	globalStats.v[c].Add(n)
+}
+
+func (s *stats) snapshot() Counters {
+	v := func(c counter) uint64 { return s.v[c].Load() }
+	return Counters{
+		BytesEager: v(cBytesEager), BytesInline: v(cBytesInline),
+		BytesReadRendezvous: v(cBytesReadRdv), BytesWriteRendezvous: v(cBytesWriteRdv),
+		BytesZeroCopy: v(cBytesZeroCopy), BytesCopied: v(cBytesCopied),
+		BytesDirect: v(cBytesDirect), BytesStaged: v(cBytesStaged), BytesRead: v(cBytesRead),
+		Rendezvous: v(cRendezvous), CopyChosen: v(cCopyChosen), ZeroChosen: v(cZeroChosen),
+		Fallbacks: v(cFallbacks), RDMAReads: v(cRDMAReads), RDMAWrites: v(cRDMAWrites),
+		MsgsSent: v(cMsgsSent), MsgsReceived: v(cMsgsReceived), CreditMsgs: v(cCreditMsgs),
+		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
+		Aborts: v(cAborts), Resets: v(cResets), Doorbells: v(cDoorbells), Registers: v(cRegisters),
+	}
+}
