@@ -68,3 +68,14 @@ func PinThread(cpu int) (restore func() error, err error) {
 	}
 	return func() error { return unix.SchedSetaffinity(0, &old) }, nil
 }
+
+// ThreadPreemptions returns how often the calling thread has been switched
+// out involuntarily (preempted) so far: a busy-polling measurement that
+// counts any was disturbed by other work on its CPU.
+func ThreadPreemptions() (int64, error) {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		return 0, err
+	}
+	return ru.Nivcsw, nil
+}
