@@ -74,7 +74,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		}
 	}
 	if runErr == nil {
-		printTargets(stdout, all)
+		printTargets(stdout, all, env.preempts)
 	}
 	if *jsonPath != "" {
 		// Also after a failure: what was measured is kept.

@@ -135,7 +135,7 @@ func startPeer(env *Env, role string, segs ...*shm.Segment) (*peer, error) {
 	p.cmd.Stderr = p.output
 	// The child must never outlive us, even if we are killed.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
+	if err := spawn(p.cmd); err != nil {
 		ctl.Close()
 		return nil, fmt.Errorf("start peer %s: %w", role, err)
 	}
@@ -161,6 +161,35 @@ func startPeer(env *Env, role string, segs ...*shm.Segment) (*peer, error) {
 	}()
 	return p, nil
 }
+
+// spawn starts cmd from a thread that never exits. PR_SET_PDEATHSIG fires
+// when the *thread* that forked the child exits, and Go ends a thread when a
+// goroutine that locked it returns without unlocking (as some monitors in
+// this project do on purpose): a child forked from an arbitrary thread could
+// be killed in the middle of a run.
+func spawn(cmd *exec.Cmd) error {
+	spawnOnce.Do(func() {
+		go func() {
+			runtime.LockOSThread() // for good: this thread is never reused or ended
+			for c := range spawns {
+				c.done <- c.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	spawns <- spawnCall{cmd, done}
+	return <-done
+}
+
+type spawnCall struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+var (
+	spawnOnce sync.Once
+	spawns    = make(chan spawnCall)
+)
 
 // run performs one measurement: it sends cmd, waits until the child is
 // ready, runs body (the parent's side), and waits for the child's "done".

@@ -83,8 +83,10 @@ var targets = []target{
 		recordKey{"floor", "copy", "memcpy", 64 * kiB, metricBW}, 0.6, false},
 }
 
-// printTargets prints every target whose two numbers were measured.
-func printTargets(w io.Writer, recs []Record) {
+// printTargets prints every target whose two numbers were measured, and a
+// warning if the run's measuring threads were preempted (other load on the
+// machine) more than busy-polling tolerates.
+func printTargets(w io.Writer, recs []Record, preempts int64) {
 	find := func(k recordKey) (float64, bool) {
 		for _, r := range recs {
 			if r.Suite == k.suite && r.Case == k.cas && r.Transport == k.transport && r.Size == k.size && r.Metric == k.metric {
@@ -115,7 +117,15 @@ func printTargets(w io.Writer, recs []Record) {
 		}
 		fmt.Fprintf(w, "%-46s %9s %9s %9.2f %3s%.1f  %s\n", t.name, fnum(num), fnum(den), ratio, op, t.limit, verdict)
 	}
+	if header && preempts > busyPreemptions {
+		fmt.Fprintf(w, "warning: the measuring threads were preempted %d times (see the preempt column): other work\n"+
+			"competes for the CPUs; busy-poll numbers and these ratios are not representative\n", preempts)
+	}
 }
+
+// busyPreemptions is how many preemptions of the measuring threads a run
+// may see before printTargets warns: a quiet machine has a handful.
+const busyPreemptions = 100
 
 func writeJSON(path string, recs []Record) error {
 	// One record a line: readable, diffable, still one JSON array.
