@@ -31,7 +31,8 @@ type Config struct {
 	// MaxGranules bounds the number of watched 2 MiB granules (4 KiB of
 	// kernel memory per 64). 0 means 65,536 (128 GiB of address space).
 	MaxGranules int
-	// Methods are the attach methods to try, in order; nil means Methods().
+	// Methods are the attach methods to try, in order; empty means
+	// Methods().
 	Methods []Method
 	// WatchAll starts the monitor reporting every range (see WatchAll).
 	WatchAll bool
@@ -77,7 +78,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxGranules == 0 {
 		c.MaxGranules = d.MaxGranules
 	}
-	if c.Methods == nil {
+	if len(c.Methods) == 0 {
 		c.Methods = d.Methods
 	}
 	return c
