@@ -1,3 +1,5 @@
+//go:build 386 || amd64
+
 package bpfmon
 
 import (
