@@ -84,9 +84,9 @@ var targets = []target{
 }
 
 // printTargets prints every target whose two numbers were measured, and a
-// warning if the run's measuring threads were preempted (other load on the
-// machine) more than busy-polling tolerates.
-func printTargets(w io.Writer, recs []Record, preempts int64) {
+// warning if the measuring threads of some row were preempted (other load
+// on the machine) more than busy-polling tolerates.
+func printTargets(w io.Writer, recs []Record, maxPreempts int64) {
 	find := func(k recordKey) (float64, bool) {
 		for _, r := range recs {
 			if r.Suite == k.suite && r.Case == k.cas && r.Transport == k.transport && r.Size == k.size && r.Metric == k.metric {
@@ -117,15 +117,18 @@ func printTargets(w io.Writer, recs []Record, preempts int64) {
 		}
 		fmt.Fprintf(w, "%-46s %9s %9s %9.2f %3s%.1f  %s\n", t.name, fnum(num), fnum(den), ratio, op, t.limit, verdict)
 	}
-	if header && preempts > busyPreemptions {
-		fmt.Fprintf(w, "warning: the measuring threads were preempted %d times (see the preempt column): other work\n"+
-			"competes for the CPUs; busy-poll numbers and these ratios are not representative\n", preempts)
+	if header && maxPreempts > busyPreemptions {
+		fmt.Fprintf(w, "warning: the measuring threads of one row were preempted %d times (see the preempt column):\n"+
+			"other work competes for the CPUs; busy-poll numbers and these ratios are not representative\n", maxPreempts)
 	}
 }
 
-// busyPreemptions is how many preemptions of the measuring threads a run
-// may see before printTargets warns: a quiet machine has a handful.
-const busyPreemptions = 100
+// busyPreemptions is how many preemptions of the measuring threads one row
+// may see before printTargets warns. With both CPUs of a 2-CPU machine
+// spinning, every wake-up of any other thread (the Go runtime's own
+// included) preempts one of them: a few hundred per row on an otherwise idle
+// machine; a busy one shows thousands.
+const busyPreemptions = 1000
 
 func writeJSON(path string, recs []Record) error {
 	// One record a line: readable, diffable, still one JSON array.

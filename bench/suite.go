@@ -84,7 +84,7 @@ type Env struct {
 	plan     plan
 	cpus     [2]int // measuring CPU of this process and of the peer; -1: unpinned
 	suite    string // the suite running now
-	preempts int64  // preemptions of measuring threads in all rows so far
+	preempts int64  // the most preemptions of measuring threads in one row so far
 }
 
 func newEnv(ctx context.Context, out io.Writer, quick, pin bool) (*Env, error) {
@@ -147,7 +147,7 @@ func clockCost() time.Duration {
 // how often the measuring threads were preempted since the previous Report.
 func (e *Env) Report(r Result) []Record {
 	r.Preempted = preempted.Swap(0)
-	e.preempts += r.Preempted
+	e.preempts = max(e.preempts, r.Preempted)
 	printRow(e.out, r)
 	rec := func(metric string, v float64) Record {
 		return Record{Suite: e.suite, Case: r.Case, Transport: r.Transport, Size: r.Size, Metric: metric, Value: v}
