@@ -103,6 +103,21 @@ func wantLocked(tb testing.TB, c *Cache, addr uintptr, pages int, count int32) {
 
 // monitors is the monitors under which behaviour that concerns foreign
 // memory is tested: those that can run here.
+// ebpfMonitor returns a config for the eBPF monitor, or skips where it
+// cannot run; with SANDIRECT_REQUIRE_EBPF set it fails instead.
+func ebpfMonitor(tb testing.TB) *Config {
+	tb.Helper()
+	c, err := New(&Config{Monitor: MonitorEBPF})
+	if err != nil {
+		if os.Getenv("SANDIRECT_REQUIRE_EBPF") != "" {
+			tb.Fatalf("eBPF monitor required: %v", err)
+		}
+		tb.Skipf("eBPF monitor: %v", err)
+	}
+	c.Close()
+	return &Config{Monitor: MonitorEBPF}
+}
+
 func foreignMonitor(tb testing.TB) *Config {
 	tb.Helper()
 	c, err := New(&Config{Monitor: MonitorUserfaultfd})

@@ -375,6 +375,7 @@ func TestStaleHitRace(t *testing.T) {
 		own  bool
 	}{
 		{"userfaultfd", foreignMonitor, false},
+		{"ebpf", ebpfMonitor, false},
 		{"owned", func(testing.TB) *Config { return &Config{Monitor: MonitorOwned} }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -492,4 +493,82 @@ func TestStaleHitRace(t *testing.T) {
 			t.Logf("%d reuses, stats %+v", reused.Load(), c.Stats())
 		})
 	}
+}
+
+// TestStaleHitCrossThread is the race userfaultfd cannot close: one
+// goroutine unmaps while another maps the same address as soon as the
+// kernel lets it (while the munmap may still be in flight) and registers
+// it. The eBPF probe publishes before munmap acts, so the second goroutine
+// must miss every time.
+func TestStaleHitCrossThread(t *testing.T) {
+	c := newCache(t, ebpfMonitor(t))
+	total := 100_000
+	if testing.Short() {
+		total = 10_000
+	}
+	const pairs = 2
+	var stale, reused atomic.Int64
+	var wg sync.WaitGroup
+	for g := range pairs {
+		at := uintptr(0x20_0000_0000) + uintptr(g)<<21
+		p, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
+		if err != nil {
+			t.Fatalf("mmap at %#x: %v", at, err)
+		}
+		toB, toA := make(chan uint64), make(chan struct{})
+		wg.Add(2)
+		go func() { // A: register, deregister, then unmap once B is racing
+			defer wg.Done()
+			defer close(toB)
+			b := sys.Bytes(p, page)
+			for i := 0; i < total/pairs; i++ {
+				h, err := c.Register(b, 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				c.Deregister(h)
+				toB <- h.entryID()
+				if err := sys.MunmapRange(at, page); err != nil {
+					t.Error(err)
+					return
+				}
+				if _, ok := <-toA; !ok {
+					return
+				}
+			}
+		}()
+		go func() { // B: map the address the moment it is free, register
+			defer wg.Done()
+			defer close(toA)
+			for id := range toB {
+				var q uintptr
+				for {
+					var err error
+					if q, err = sys.MmapAnon(at, page, sys.MapFixedNoreplace); err == nil {
+						break
+					}
+				}
+				reused.Add(1)
+				h, err := c.Register(sys.Bytes(q, page), 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if h.entryID() == id {
+					stale.Add(1)
+				}
+				c.Deregister(h)
+				toA <- struct{}{}
+			}
+		}()
+	}
+	wg.Wait()
+	for g := range pairs {
+		sys.MunmapRange(uintptr(0x20_0000_0000)+uintptr(g)<<21, page)
+	}
+	if stale.Load() != 0 {
+		t.Errorf("%d stale hits in %d cross-goroutine reuses", stale.Load(), reused.Load())
+	}
+	t.Logf("%d reuses, stats %+v", reused.Load(), c.Stats())
 }

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
-
-	"github.com/sandirect/sandirect/internal/feature"
 )
 
 // MonitorKind names a way of learning that the address space changed under
@@ -17,7 +15,8 @@ const (
 	// MonitorAuto picks the best monitor that can run, in the order below.
 	MonitorAuto MonitorKind = iota
 	// MonitorEBPF: eBPF probes at the entry of munmap and its relatives
-	// (a later issue; reported as not supported by this build).
+	// (ebpf.go). The probe publishes before the system call acts, so no
+	// thread can see a stale hit once the call has returned.
 	MonitorEBPF
 	// MonitorUserfaultfd: userfaultfd UNMAP, REMOVE and REMAP events on the
 	// registered ranges. The kernel holds the unmapping thread until the
@@ -115,12 +114,6 @@ func (static) epoch() *atomic.Uint64                 { return &staticEpoch }
 func (static) drain(uint64, func(span, bool)) uint64 { return 0 }
 func (static) notify() <-chan struct{}               { return nil }
 func (static) close() error                          { return nil }
-
-// startEBPF is where the eBPF monitor will plug in.
-func startEBPF(int) (monitor, error) {
-	return nil, feature.Unsupported("eBPF invalidation monitor", "",
-		errors.New("not part of this build"))
-}
 
 // startMonitor starts the monitor of kind (MonitorAuto: the best that runs).
 func startMonitor(kind MonitorKind, backlog int) (monitor, MonitorReport, error) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 	"syscall"
 	"time"
 
@@ -644,4 +645,10 @@ func (m *Monitor) retireState() error {
 		return fmt.Errorf("bpfmon: retire state page: %w", err)
 	}
 	return nil
+}
+
+// EpochAtomic is EpochWord as a *atomic.Uint64, for callers that keep their
+// epoch source in that type. Same word, same lifetime.
+func (m *Monitor) EpochAtomic() *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(m.epoch))
 }

@@ -1,0 +1,103 @@
+package pin
+
+import (
+	"errors"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/bpfmon"
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// ebpfMon is monitor 1: eBPF probes at the entry of munmap, mremap,
+// madvise (discarding advice), brk (shrinking), mmap (MAP_FIXED) and shmdt
+// in this process, filtered to the granules of cached ranges. A probe bumps
+// the epoch word (mapped from a BPF_F_MMAPABLE array) before the system
+// call does anything, so once the call has returned in any thread, every
+// lookup sees an epoch it has not applied and drains the ring first: no
+// stale hit, in any thread, with one atomic load on the hit path.
+type ebpfMon struct {
+	m     *bpfmon.Monitor
+	ep    *atomic.Uint64
+	note  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	pages uintptr
+}
+
+func startEBPF(int) (monitor, error) {
+	m, err := bpfmon.Open(nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.AddPid(os.Getpid()); err != nil {
+		m.Close()
+		return nil, err
+	}
+	e := &ebpfMon{
+		m:     m,
+		ep:    m.EpochAtomic(),
+		note:  make(chan struct{}),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+		pages: uintptr(sys.PageSize),
+	}
+	go e.watchRing()
+	return e, nil
+}
+
+// watchRing tells the cache's drain loop when events wait in the ring, so
+// the backlog stays short even when nobody registers.
+func (e *ebpfMon) watchRing() {
+	defer close(e.done)
+	for {
+		err := e.m.Wait(time.Time{})
+		if errors.Is(err, bpfmon.ErrClosed) {
+			return
+		}
+		select {
+		case e.note <- struct{}{}:
+		case <-e.stop:
+			return
+		}
+	}
+}
+
+func (*ebpfMon) kind() MonitorKind { return MonitorEBPF }
+
+func (e *ebpfMon) watch(s span) error { return e.m.Watch(s.lo, s.hi-s.lo) }
+
+func (e *ebpfMon) unwatch(addr, length uintptr) { e.m.Unwatch(addr, length) }
+
+func (e *ebpfMon) epoch() *atomic.Uint64 { return e.ep }
+
+func (e *ebpfMon) drain(_ uint64, apply func(s span, gone bool)) (lost uint64) {
+	_, err := e.m.Sync(func(ev bpfmon.Event) {
+		lo := ev.Start &^ (e.pages - 1)
+		hi := ev.Start + ev.Length
+		if ev.Unknown || hi < ev.Start {
+			hi = ^uintptr(0)
+		}
+		hi = (hi + e.pages - 1) &^ (e.pages - 1)
+		if hi < lo { // rounded past the top
+			hi = ^uintptr(0) &^ (e.pages - 1)
+		}
+		// madvise discards contents but keeps the mapping; everything else
+		// removes or replaces the mapping.
+		apply(span{lo, hi}, ev.Syscall != bpfmon.Madvise)
+	}, func() { lost++ })
+	if err != nil && lost == 0 {
+		lost = 1 // the ring could not be read: treat as lost events
+	}
+	return lost
+}
+
+func (e *ebpfMon) notify() <-chan struct{} { return e.note }
+
+func (e *ebpfMon) close() error {
+	close(e.stop)
+	err := e.m.Close()
+	<-e.done
+	return err
+}
