@@ -8,9 +8,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
