@@ -24,9 +24,16 @@ func init() {
 		Doc:  "registration cache: register+deregister of a reused buffer, cached vs uncached",
 		Run:  runPin,
 	})
-	targets = append(targets, target{"pin uncached 1MiB p50 / cached 1MiB p50",
-		recordKey{"pin", "register", "pin/uncached", miB, metricLatP50},
-		recordKey{"pin", "register", "pin/cached", miB, metricLatP50}, 100, false})
+	targets = append(targets,
+		target{"pin uncached 1MiB p50 / cached 1MiB p50",
+			recordKey{"pin", "register", "pin/uncached", miB, metricLatP50},
+			recordKey{"pin", "register", "pin/cached", miB, metricLatP50}, 100, false},
+		target{"pin ebpf hit 4KiB p50 / owned hit 4KiB p50",
+			recordKey{"pin", "hit", "pin/ebpf", 4 * kiB, metricLatP50},
+			recordKey{"pin", "hit", "pin/owned", 4 * kiB, metricLatP50}, 1.1, true},
+		target{"munmap 64KiB with probes p50 / without p50",
+			recordKey{"pin", "munmap", "munmap/ebpf", 64 * kiB, metricLatP50},
+			recordKey{"pin", "munmap", "munmap/plain", 64 * kiB, metricLatP50}, 1.1, true})
 }
 
 func pinSizes(env *Env) []int {
@@ -65,7 +72,111 @@ func runPin(ctx context.Context, env *Env) (recs []Record, err error) {
 		}
 		sys.Munmap(buf)
 	}
+	r, err := pinEBPF(env)
+	return append(recs, r...), err
+}
+
+// pinEBPF measures what the eBPF monitor costs: a cache hit with its epoch
+// check against a hit on owned memory (whose epoch never moves), and
+// munmap with the probes attached and the range watched against plain
+// munmap. Skipped, with the reason, where eBPF cannot run.
+func pinEBPF(env *Env) (recs []Record, err error) {
+	c, err := pin.New(&pin.Config{Monitor: pin.MonitorEBPF})
+	if err != nil {
+		fmt.Fprintf(env.out, "(pin/ebpf skipped: %v)\n", err)
+		return nil, nil
+	}
+	defer c.Close()
+	owned, err := pin.New(&pin.Config{Monitor: pin.MonitorOwned})
+	if err != nil {
+		return nil, err
+	}
+	defer owned.Close()
+	const size = 4 * kiB
+	foreign, err := sys.MapAnon(size)
+	if err != nil {
+		return nil, err
+	}
+	defer sys.Munmap(foreign)
+	mine, err := pin.Alloc(size)
+	if err != nil {
+		return nil, err
+	}
+	defer pin.Free(mine)
+	for _, m := range []struct {
+		name string
+		c    *pin.Cache
+		buf  []byte
+	}{{"pin/ebpf", c, foreign}, {"pin/owned", owned, mine}} {
+		h, err := m.c.Register(m.buf, 0)
+		if err != nil {
+			return recs, err
+		}
+		lat := hitLatency(env, m.c, m.buf)
+		m.c.Deregister(h)
+		recs = append(recs, env.Report(Result{Case: "hit", Transport: m.name, Size: size, Lat: lat})...)
+	}
+	// munmap of a locked range: plain, and registered-and-released with
+	// the eBPF monitor (cached, watched: the probe reports it, the cache's
+	// drain goroutine applies it).
+	const msize = 64 * kiB
+	for _, m := range []struct {
+		name string
+		c    *pin.Cache
+	}{{"munmap/plain", nil}, {"munmap/ebpf", c}} {
+		n := min(env.plan.latMax, 20_000)
+		if testTiny {
+			n = 200
+		}
+		samples := make([]int64, 0, n)
+		for range n {
+			b, err := sys.MapAnon(msize)
+			if err != nil {
+				return recs, err
+			}
+			b[0], b[msize-1] = 1, 1
+			if m.c == nil {
+				// Locked like a registered range, so that only the
+				// monitor differs.
+				if err := sys.Mlock(sys.Addr(b), msize); err != nil {
+					return recs, err
+				}
+			} else {
+				h, err := m.c.Register(b, 0)
+				if err != nil {
+					return recs, err
+				}
+				m.c.Deregister(h)
+			}
+			t0 := time.Now()
+			sys.Munmap(b)
+			samples = append(samples, 2*int64(time.Since(t0)))
+		}
+		recs = append(recs, env.Report(Result{Case: "munmap", Transport: m.name, Size: msize, Lat: summarize(samples)})...)
+	}
 	return recs, nil
+}
+
+// hitLatency times Register+Deregister pairs that hit, in batches of 64
+// (one pair is shorter than two clock reads), reported per pair.
+func hitLatency(env *Env, c *pin.Cache, buf []byte) *Latency {
+	const batch = 64
+	smp := newSampler(min(env.plan.latMax, 100_000))
+	smp.start(max(env.plan.latTime/2, time.Millisecond))
+	for {
+		for range batch {
+			h, _ := c.Register(buf, 0)
+			c.Deregister(h)
+		}
+		if !smp.lap() {
+			break
+		}
+	}
+	rt := smp.result()
+	for i := range rt {
+		rt[i] = rt[i] * 2 / batch
+	}
+	return summarize(rt)
 }
 
 func pinRegisterLatency(env *Env, buf []byte, monitor pin.MonitorKind) (*Latency, error) {
