@@ -65,6 +65,7 @@ type Monitor struct {
 
 	waitFile *os.File // a non-blocking dup of the ring buffer fd, in Go's poller
 	waitConn syscall.RawConn
+	closing  atomic.Bool // set by Close before it closes waitFile
 
 	ctlMu       sync.Mutex        // guards granuleRefs and the updates of pids and granules
 	granuleRefs map[uint64]uint32 // watched granule → Watch count
@@ -576,12 +577,17 @@ func (m *Monitor) Wait(deadline time.Time) error {
 	if m.closed {
 		return ErrClosed
 	}
-	if err := m.waitFile.SetReadDeadline(deadline); err != nil {
-		return fmt.Errorf("bpfmon: wait: %w", err)
+	err := m.waitFile.SetReadDeadline(deadline)
+	if err == nil {
+		err = m.waitConn.Read(func(uintptr) bool { return m.ring.pending() })
 	}
-	err := m.waitConn.Read(func(uintptr) bool { return m.ring.pending() })
-	if errors.Is(err, os.ErrClosed) {
+	// Close closes the file under us to interrupt the wait; the file
+	// reports that in more than one way.
+	if err != nil && (m.closing.Load() || errors.Is(err, os.ErrClosed)) {
 		return ErrClosed
+	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("bpfmon: wait: %w", err)
 	}
 	return err
 }
@@ -592,6 +598,7 @@ func (m *Monitor) Wait(deadline time.Time) error {
 // Monitor). Close is idempotent.
 func (m *Monitor) Close() error {
 	// Interrupt a Wait first: it holds lifeMu for reading.
+	m.closing.Store(true)
 	m.waitFile.Close()
 	m.lifeMu.Lock()
 	defer m.lifeMu.Unlock()
