@@ -4,18 +4,23 @@
 //
 //	go run ./bench [-quick] [-json FILE] [-pin=false] [SUITE...]
 //
-// With no SUITE every registered suite runs, in registration order. Suites
-// now: floor (cache-line and futex round trips between two processes,
-// single-core copy() bandwidth) and ring (shm ring ping-pong in busy-poll
-// and block mode, one-way streaming). When floor and ring both ran, the
-// ratios the project targets are printed with PASS or MISS.
+// With no SUITE every registered suite runs, in registration order (file
+// name order; -h lists them). The founding ones: floor (cache-line and
+// futex round trips between two processes, single-core copy() bandwidth)
+// and ring (shm ring ping-pong in busy-poll and block mode, one-way
+// streaming). When the two numbers of a target ratio were both measured, the
+// ratio is printed with PASS or MISS.
 //
 // # Output
 //
 // Latency is half a round trip in nanoseconds (min, median, p99, p99.9),
-// timed per round trip with one monotonic clock read each (about 40 ns of
-// every round trip on a KVM guest with the tsc clock source; the floors pay
-// it too). Bandwidth is payload GB/s (1e9 bytes/s), rate million messages/s.
+// timed per round trip with one monotonic clock read each (the header line
+// says what one read costs, ~30 ns on a KVM guest with the tsc clock
+// source; the floors pay it too). Bandwidth is payload GB/s (1e9 bytes/s),
+// rate million messages/s. The preempt column counts involuntary context
+// switches of the two measuring threads during the row's measurement,
+// warm-up included: busy-polling needs its CPUs, and a row with thousands
+// was disturbed by other work (the targets section then warns).
 // With -json FILE every number becomes one record:
 //
 //	{"suite":"ring","case":"pingpong","transport":"ring/busy","size":8,"metric":"lat_p50_ns","value":61.2}
