@@ -101,9 +101,9 @@ type Device struct {
 	regSeg *shm.Segment // registration table, shared read-only with peers
 	cache  *pin.Cache   // pins registered memory; nil with NoPinning
 
-	mu      sync.Mutex // guards regs, free, memSegs, qps, closed; before QP and CQ locks
-	regs    []*MemoryRegion
-	free    []int // free table indices
+	mu      sync.Mutex                     // guards regs, free, memSegs, qps, closed; before QP and CQ locks
+	regs    []atomic.Pointer[MemoryRegion] // by table index; read without mu
+	free    []int                          // free table indices
 	memSegs map[uint32]*memSegment
 	nextSeg uint32
 	qps     map[*QueuePair]struct{}
@@ -111,7 +111,7 @@ type Device struct {
 
 	eng *engine
 
-	stats DeviceStats
+	retired Stats // counters of closed queue pairs; guarded by mu
 }
 
 type memSegment struct {
@@ -120,13 +120,29 @@ type memSegment struct {
 	buf []byte
 }
 
-// DeviceStats counts a device's work. Fields are updated atomically.
-type DeviceStats struct {
-	Sends, Recvs, Writes, Reads atomic.Uint64
-	BytesSent, BytesReceived    atomic.Uint64
-	BytesWritten, BytesRead     atomic.Uint64
-	Errors, RNRRetries          atomic.Uint64
-	InlineExecs, EngineExecs    atomic.Uint64
+// Stats counts the work of a queue pair, or of a whole device (the sum
+// over its queue pairs, closed ones included).
+type Stats struct {
+	Sends, Recvs, Writes, Reads uint64
+	BytesSent, BytesReceived    uint64
+	BytesWritten, BytesRead     uint64
+	Errors, RNRRetries          uint64
+	InlineExecs, EngineExecs    uint64 // send-queue work run by the poster, by the engine
+}
+
+func (s *Stats) add(o *Stats) {
+	s.Sends += o.Sends
+	s.Recvs += o.Recvs
+	s.Writes += o.Writes
+	s.Reads += o.Reads
+	s.BytesSent += o.BytesSent
+	s.BytesReceived += o.BytesReceived
+	s.BytesWritten += o.BytesWritten
+	s.BytesRead += o.BytesRead
+	s.Errors += o.Errors
+	s.RNRRetries += o.RNRRetries
+	s.InlineExecs += o.InlineExecs
+	s.EngineExecs += o.EngineExecs
 }
 
 // Open creates a device.
@@ -156,7 +172,7 @@ func Open(cfg *Config) (*Device, error) {
 			MaxSend:    c.RingCapacity/2 - 16,
 		},
 		regSeg:  seg,
-		regs:    make([]*MemoryRegion, c.MaxRegions),
+		regs:    make([]atomic.Pointer[MemoryRegion], c.MaxRegions),
 		memSegs: map[uint32]*memSegment{},
 		qps:     map[*QueuePair]struct{}{},
 	}
@@ -187,8 +203,21 @@ func (d *Device) Config() Config { return d.cfg }
 // Cache returns the registration cache (nil with NoPinning).
 func (d *Device) Cache() *pin.Cache { return d.cache }
 
-// Stats returns the device's counters.
-func (d *Device) Stats() *DeviceStats { return &d.stats }
+// Stats returns the device's counters: the sum over its queue pairs.
+func (d *Device) Stats() Stats {
+	d.mu.Lock()
+	st := d.retired
+	qps := make([]*QueuePair, 0, len(d.qps))
+	for qp := range d.qps {
+		qps = append(qps, qp)
+	}
+	d.mu.Unlock()
+	for _, qp := range qps {
+		s := qp.Stats()
+		st.add(&s)
+	}
+	return st
+}
 
 // Close closes every queue pair of the device, stops its engine and releases
 // its memory. Buffers from Alloc must not be used afterwards.

@@ -63,12 +63,12 @@ func (d *Device) RegisterRemote(buf []byte, access Access) (*MemoryRegion, error
 // WSPDeregisterMemory and WSPDeregisterRdmaMemory).
 func (d *Device) Deregister(mr *MemoryRegion) error {
 	d.mu.Lock()
-	if mr.idx < 0 || mr.idx >= len(d.regs) || d.regs[mr.idx] != mr {
+	if mr.idx < 0 || mr.idx >= len(d.regs) || d.regs[mr.idx].Load() != mr {
 		d.mu.Unlock()
 		return fmt.Errorf("%w: region not registered", ErrBadKey)
 	}
 	d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0) // revokes the rkey before anything else
-	d.regs[mr.idx] = nil
+	d.regs[mr.idx].Store(nil)
 	d.free = append(d.free, mr.idx)
 	d.mu.Unlock()
 	if d.cache != nil {
@@ -125,7 +125,7 @@ func (d *Device) register(buf []byte, access Access) (*MemoryRegion, error) {
 			mr.RKey |= 1 << rkeyIndexBits // never 0
 		}
 	}
-	d.regs[mr.idx] = mr
+	d.regs[mr.idx].Store(mr)
 	d.writeEntry(mr.idx, mr.RKey, uint64(mr.Addr), uint64(mr.Len), uint32(access&remoteAccess), mr.seg, mr.off)
 	return mr, nil
 }
@@ -148,12 +148,10 @@ func (d *Device) writeEntry(i int, rkey, addr, length uint64, access, seg uint32
 // localRegion checks that buf lies inside the region named by lkey and that
 // the region allows need, and returns it.
 func (d *Device) localRegion(lkey uint32, buf []byte, need Access) (*MemoryRegion, error) {
-	d.mu.Lock()
 	var mr *MemoryRegion
 	if i := int(lkey) - 1; i >= 0 && i < len(d.regs) {
-		mr = d.regs[i]
+		mr = d.regs[i].Load()
 	}
-	d.mu.Unlock()
 	if mr == nil {
 		return nil, fmt.Errorf("%w: lkey %#x names no region", ErrBadKey, lkey)
 	}
@@ -244,8 +242,8 @@ func (h pinHooks) Deregister(r *pin.Region)             { h.d.revokeRange(r.Addr
 func (d *Device) revokeRange(addr, n uintptr) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, mr := range d.regs {
-		if mr != nil && mr.Addr < addr+n && addr < mr.Addr+uintptr(mr.Len) {
+	for i := range d.regs {
+		if mr := d.regs[i].Load(); mr != nil && mr.Addr < addr+n && addr < mr.Addr+uintptr(mr.Len) {
 			d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0)
 		}
 	}

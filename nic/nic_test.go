@@ -37,6 +37,17 @@ func TestSendRecv(t *testing.T) {
 			t.Fatalf("recv %d: %+v", i, c)
 		}
 	}
+	var total uint64
+	for _, m := range msgs {
+		total += uint64(len(m))
+	}
+	if st := a.qp.Stats(); st.Sends != uint64(len(msgs)) || st.BytesSent != total {
+		t.Errorf("sender stats %+v", st)
+	}
+	b.qp.Close()
+	if st := b.d.Stats(); st.Recvs != uint64(len(msgs)) || st.BytesReceived != total {
+		t.Errorf("receiver device stats after close %+v", st)
+	}
 }
 
 func TestRecvTooSmall(t *testing.T) {

@@ -103,18 +103,20 @@ type QueuePair struct {
 	started    atomic.Bool // the connection reader runs
 	readerDone chan struct{}
 
-	stats QPStats
-}
-
-// QPStats counts a queue pair's work.
-type QPStats struct {
-	Sends, Recvs, Writes, Reads atomic.Uint64
-	Bytes                       atomic.Uint64
-	RNRRetries, Errors          atomic.Uint64
+	sstats Stats // send-side counters; guarded by sqMu
+	rstats Stats // receive-side counters; guarded by rqMu
 }
 
 // Stats returns the queue pair's counters.
-func (qp *QueuePair) Stats() *QPStats { return &qp.stats }
+func (qp *QueuePair) Stats() Stats {
+	qp.sqMu.Lock()
+	st := qp.sstats
+	qp.sqMu.Unlock()
+	qp.rqMu.Lock()
+	st.add(&qp.rstats)
+	qp.rqMu.Unlock()
+	return st
+}
 
 // State returns the queue pair's state.
 func (qp *QueuePair) State() QPState { return QPState(qp.state.Load()) }
@@ -177,7 +179,7 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 	if len(qp.sq) == 0 && (wr.Op == OpSend || n <= qp.dev.cfg.InlineExec) {
 		op := sendOp{wr: wr}
 		if st, reason, finished := qp.execute(&op, n, time.Time{}); finished {
-			qp.dev.stats.InlineExecs.Add(1)
+			qp.sstats.InlineExecs++
 			failed := qp.finish(&op, st, reason)
 			qp.sqMu.Unlock()
 			if failed {
@@ -215,25 +217,21 @@ func (qp *QueuePair) enqueueLocked(op *sendOp) error {
 // it has released its locks. The caller holds sqMu.
 func (qp *QueuePair) finish(op *sendOp, st Status, reason error) bool {
 	bytes := op.done
+	ss := &qp.sstats
 	switch op.wr.Op {
 	case OpSend:
-		qp.stats.Sends.Add(1)
-		qp.dev.stats.Sends.Add(1)
-		qp.dev.stats.BytesSent.Add(uint64(bytes))
+		ss.Sends++
+		ss.BytesSent += uint64(bytes)
 	case OpWrite:
-		qp.stats.Writes.Add(1)
-		qp.dev.stats.Writes.Add(1)
-		qp.dev.stats.BytesWritten.Add(uint64(bytes))
+		ss.Writes++
+		ss.BytesWritten += uint64(bytes)
 	case OpRead:
-		qp.stats.Reads.Add(1)
-		qp.dev.stats.Reads.Add(1)
-		qp.dev.stats.BytesRead.Add(uint64(bytes))
+		ss.Reads++
+		ss.BytesRead += uint64(bytes)
 	}
-	qp.stats.Bytes.Add(uint64(bytes))
 	qp.sendCQ.push(Completion{ID: op.wr.ID, Op: op.wr.Op, Status: st, Bytes: bytes, QP: qp, Reason: reason})
 	if st != StatusSuccess {
-		qp.stats.Errors.Add(1)
-		qp.dev.stats.Errors.Add(1)
+		ss.Errors++
 		return qp.setError(&CompletionError{Status: st, Op: op.wr.Op, ID: op.wr.ID, Reason: reason})
 	}
 	return false
@@ -442,9 +440,11 @@ func (qp *QueuePair) progressRecv() {
 			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
 		}
 		qp.in.Release()
-		qp.stats.Recvs.Add(1)
-		qp.dev.stats.Recvs.Add(1)
-		qp.dev.stats.BytesReceived.Add(uint64(c.Bytes))
+		qp.rstats.Recvs++
+		qp.rstats.BytesReceived += uint64(c.Bytes)
+		if c.Status != StatusSuccess {
+			qp.rstats.Errors++
+		}
 		qp.recvCQ.push(c)
 		if c.Status != StatusSuccess {
 			failure = c.Err()
@@ -523,8 +523,7 @@ func (qp *QueuePair) engineTurn() bool {
 	}
 	st, reason, finished := qp.execute(op, qp.dev.cfg.Chunk, wait)
 	if !finished && op.wr.Op == OpSend {
-		qp.stats.RNRRetries.Add(1)
-		qp.dev.stats.RNRRetries.Add(1)
+		qp.sstats.RNRRetries++
 		// The timeout runs while the peer consumes nothing at all.
 		if head := qp.out.Released(); op.rnrSince.IsZero() || head != op.rnrHead {
 			op.rnrSince, op.rnrHead = time.Now(), head
@@ -534,7 +533,7 @@ func (qp *QueuePair) engineTurn() bool {
 	}
 	failed := false
 	if finished {
-		qp.dev.stats.EngineExecs.Add(1)
+		qp.sstats.EngineExecs++
 		qp.sq[0] = nil
 		qp.sq = qp.sq[1:]
 		failed = qp.finish(op, st, reason)
@@ -577,8 +576,12 @@ func (qp *QueuePair) Close() error {
 		}
 		qp.peer.segs = nil
 		qp.peer.segMu.Unlock()
+		st := qp.Stats()
 		qp.dev.mu.Lock()
-		delete(qp.dev.qps, qp)
+		if _, ok := qp.dev.qps[qp]; ok {
+			delete(qp.dev.qps, qp)
+			qp.dev.retired.add(&st)
+		}
 		qp.dev.mu.Unlock()
 	})
 	return nil
