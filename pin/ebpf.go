@@ -26,8 +26,16 @@ type ebpfMon struct {
 	pages uintptr
 }
 
+// ebpfRingSize overrides the probes' ring buffer size (tests force an
+// overflow with a small one); 0 keeps bpfmon's default.
+var ebpfRingSize int
+
 func startEBPF(int) (monitor, error) {
-	m, err := bpfmon.Open(nil)
+	cfg := bpfmon.DefaultConfig()
+	if ebpfRingSize > 0 {
+		cfg.RingSize = ebpfRingSize
+	}
+	m, err := bpfmon.Open(&cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,87 @@
+package pin
+
+import (
+	"os"
+	"runtime"
+	"runtime/debug"
+	"testing"
+
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// TestEBPFOverflowFlushes fills the probes' ring faster than it is drained:
+// the lost events make the cache drop everything (it cannot know which
+// ranges changed), so a registration that was cached misses afterwards.
+func TestEBPFOverflowFlushes(t *testing.T) {
+	ebpfRingSize = os.Getpagesize()
+	defer func() { ebpfRingSize = 0 }()
+	c := newCache(t, ebpfMonitor(t))
+	const granule = 2 << 20
+	p, err := sys.MmapAnon(0, 2*granule, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.MunmapRange(p, 2*granule)
+	base := (p + granule - 1) &^ (granule - 1) // a whole granule inside
+	buf := sys.Bytes(base, page)
+	other := base + 16*page // same granule, not overlapping buf
+	h, err := c.Register(buf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Deregister(h)
+	// Each madvise is an event (watched granule); thousands back to back
+	// outrun the drain goroutine's wake-up.
+	for i := 0; i < 20000; i++ {
+		if err := sys.Madvise(other, page, sys.MadvDontneed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h2, err := c.Register(buf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Deregister(h2)
+	st := c.Stats()
+	t.Logf("stats %+v", st)
+	if st.EventsLost == 0 || st.FullFlushes == 0 {
+		t.Fatalf("no overflow seen: %+v", st)
+	}
+	if h2.entryID() == h.entryID() {
+		t.Fatal("the cached entry survived a full flush")
+	}
+}
+
+// TestEBPFScavenger: the Go runtime returns free heap memory with madvise
+// (FreeOSMemory forces it). That must not invalidate a registration of a
+// heap buffer in use.
+func TestEBPFScavenger(t *testing.T) {
+	c := newCache(t, ebpfMonitor(t))
+	keep := make([]byte, 1<<20)
+	for i := range keep {
+		keep[i] = byte(i)
+	}
+	h, err := c.Register(keep, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Deregister(h)
+	for range 5 {
+		garbage := make([][]byte, 64)
+		for i := range garbage {
+			garbage[i] = make([]byte, 256<<10)
+		}
+		runtime.KeepAlive(garbage)
+		garbage = nil
+		debug.FreeOSMemory() // GC, then madvise of the freed spans
+	}
+	h2, err := c.Register(keep, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Deregister(h2)
+	if h2.entryID() != h.entryID() {
+		t.Fatalf("heap registration invalidated by the scavenger: stats %+v", c.Stats())
+	}
+	t.Logf("stats %+v", c.Stats())
+}
