@@ -46,7 +46,7 @@ type session struct {
 	// poller); the others wait for changed to be closed.
 	polling  bool
 	sleeping bool          // the poller sleeps in CompletionQueue.Wait
-	noSleep  bool          // poll with naps instead (linger)
+	pumping  bool          // a goroutine drives the connection for ctlq
 	reposts  []int         // receive buffers to post when the poller wakes
 	changed  chan struct{} // closed after each round of dispatch; nil if nobody waits
 	comps    [16]nic.Completion
@@ -267,7 +267,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	c.wclosed = true
 	c.queueCtlLocked(ctlMsg{typ: msgFin})
-	c.pumpLocked()
+	c.ensurePumpLocked()
 	return nil
 }
 
@@ -305,6 +305,7 @@ func (c *Conn) Close() error {
 			c.queueCtlLocked(ctlMsg{typ: msgFin})
 		}
 		c.tearing = true
+		lingerStart()
 		go c.linger()
 	}
 	return nil
@@ -314,6 +315,7 @@ func (c *Conn) Close() error {
 func (c *Conn) read(b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.ensurePumpLocked()
 	n := 0
 	for {
 		// A direct receive writes into b: it must end before Read returns.
@@ -379,6 +381,7 @@ func (c *Conn) read(b []byte) (int, error) {
 func (c *Conn) write(b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.ensurePumpLocked()
 	if err := c.writableLocked(); err != nil {
 		return 0, err
 	}

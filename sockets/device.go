@@ -29,8 +29,9 @@ type device struct {
 
 	refs int // guarded by devices.mu
 
-	mu        sync.Mutex // guards free, allocated; after Conn.mu
+	mu        sync.Mutex // guards free, slabs, allocated; after Conn.mu
 	free      [tempClasses][][]byte
+	slabs     [][]byte
 	allocated int
 }
 
@@ -96,12 +97,10 @@ func (d *device) release() {
 		return
 	}
 	d.mu.Lock()
-	for i := range d.free {
-		for _, b := range d.free[i] {
-			d.nic.Free(b)
-		}
-		d.free[i] = nil
+	for _, b := range d.slabs {
+		d.nic.Free(b)
 	}
+	d.slabs, d.free = nil, [tempClasses][][]byte{}
 	d.mu.Unlock()
 	d.nic.Close()
 }
@@ -113,9 +112,15 @@ func tempClass(n int) int {
 	return bits.Len(uint(n-1)) - tempMinShift
 }
 
+// slabSize is the smallest allocation from the nic: every Alloc is a
+// segment that every connected peer maps, so temporary buffers are cut
+// from slabs rather than allocated one by one.
+const slabSize = 4 << 20
+
 // getTemp returns a buffer of at least n bytes of device memory, or an
 // error matching syscall.ENOBUFS when the budget is spent or the memory
-// cannot be had.
+// cannot be had. Buffers of a class are cut from slabs of at least
+// slabSize bytes, which live as long as the device.
 func (d *device) getTemp(n int) ([]byte, error) {
 	c := tempClass(n)
 	if c >= tempClasses {
@@ -123,36 +128,29 @@ func (d *device) getTemp(n int) ([]byte, error) {
 	}
 	size := 1 << (tempMinShift + c)
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	if l := len(d.free[c]); l > 0 {
 		b := d.free[c][l-1]
 		d.free[c] = d.free[c][:l-1]
-		d.mu.Unlock()
 		return b, nil
 	}
-	if d.allocated+size > d.key.tempMemory {
-		// Give back cached buffers of other classes before failing.
-		for i := range d.free {
-			for _, b := range d.free[i] {
-				d.nic.Free(b)
-				d.allocated -= len(b)
-			}
-			d.free[i] = nil
-		}
-		if d.allocated+size > d.key.tempMemory {
-			d.mu.Unlock()
+	slab := max(size, slabSize)
+	if d.allocated+slab > d.key.tempMemory {
+		slab = size // a smaller piece may still fit
+		if d.allocated+slab > d.key.tempMemory {
 			return nil, enobufs("temporary memory", fmt.Errorf("budget of %d bytes spent", d.key.tempMemory))
 		}
 	}
-	d.allocated += size
-	d.mu.Unlock()
-	b, err := d.nic.Alloc(size)
+	mem, err := d.nic.Alloc(slab)
 	if err != nil {
-		d.mu.Lock()
-		d.allocated -= size
-		d.mu.Unlock()
 		return nil, enobufs("temporary memory", err)
 	}
-	return b, nil
+	d.allocated += slab
+	d.slabs = append(d.slabs, mem)
+	for off := size; off+size <= slab; off += size {
+		d.free[c] = append(d.free[c], mem[off:off+size:off+size])
+	}
+	return mem[:size:size], nil
 }
 
 // putTemp gives back a buffer from getTemp.
@@ -162,6 +160,11 @@ func (d *device) putTemp(b []byte) {
 	d.free[c] = append(d.free[c], b)
 	d.mu.Unlock()
 }
+
+// dropTemp retires a buffer from getTemp that must never be reused: a
+// peer may still write it. Its memory stays with its slab until the
+// device closes.
+func (d *device) dropTemp(b []byte) {}
 
 // register registers buf with the nic; a full table is an ENOBUFS error.
 func (d *device) register(buf []byte, access nic.Access) (*nic.MemoryRegion, error) {
@@ -179,13 +182,4 @@ func (d *device) register(buf []byte, access nic.Access) (*nic.MemoryRegion, err
 		return nil, fmt.Errorf("sockets: register: %w", err)
 	}
 	return mr, nil
-}
-
-// dropTemp frees a buffer from getTemp that must never be reused: a peer
-// may still write it.
-func (d *device) dropTemp(b []byte) {
-	d.mu.Lock()
-	d.allocated -= len(b)
-	d.mu.Unlock()
-	d.nic.Free(b)
 }

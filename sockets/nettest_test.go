@@ -70,6 +70,7 @@ func TestNettest(t *testing.T) {
 		{"tcp/plain", "tcp", tcp, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // the tests mostly sleep
 			mp := makePipe(t, tc.network, tc.dialCfg, tc.lstnCfg)
 			c1, c2, stop, err := mp()
 			if err != nil {

@@ -188,7 +188,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	for retried := false; err != nil && !retried && c.copyInFlight > 0; retried = true {
 		// Our own copies hold the resources: wait for the peer to take
 		// them, then try once more.
-		for c.copyInFlight > 0 && err == nil {
+		for c.copyInFlight > 0 {
 			if werr := c.writableLocked(); werr != nil {
 				return 0, werr
 			}
@@ -547,11 +547,7 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 				continue
 			}
 			if e.off == e.size {
-				if e.read {
-					c.queueCtlLocked(ctlMsg{typ: msgDone, id: e.id, size: e.size})
-				}
-				c.consumeLocked(e.buf, false)
-				c.popRxLocked()
+				c.finishRTSLocked()
 				continue
 			}
 			if n > 0 && len(b)-n < c.cfg.DirectRead {
@@ -562,7 +558,32 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 			}
 		}
 	}
+	c.tidyRxLocked()
 	return n, false, nil
+}
+
+// finishRTSLocked ends the transfer at the head of the queue, all of it
+// received: done for a read rendezvous, and the rts buffer is consumed.
+func (c *Conn) finishRTSLocked() {
+	e := &c.rx[c.rxHead]
+	if e.read && e.size > 0 {
+		c.queueCtlLocked(ctlMsg{typ: msgDone, id: e.id, size: e.size})
+	}
+	c.consumeLocked(e.buf, false)
+	c.popRxLocked()
+}
+
+// tidyRxLocked ends the transfers at the head of the queue whose bytes
+// were all read, so that the peer hears done without waiting for another
+// Read.
+func (c *Conn) tidyRxLocked() {
+	for c.rxHead < len(c.rx) && !c.rd.active {
+		e := &c.rx[c.rxHead]
+		if e.kind != msgRTS || len(e.data) > 0 || e.off != e.size {
+			return
+		}
+		c.finishRTSLocked()
+	}
 }
 
 // startRecvLocked starts receiving the next chunk of the rendezvous e:

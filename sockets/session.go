@@ -32,6 +32,12 @@ var (
 // dl passes (nil: no deadline) and net.ErrClosed after Close if
 // stopOnClose. The caller holds no lock and rechecks its condition.
 func (c *Conn) progress(dl *deadline, stopOnClose bool) error {
+	return c.progressMode(dl, stopOnClose, false)
+}
+
+// progressMode is progress; with nap it never sleeps in
+// CompletionQueue.Wait but polls with naps (see noSleep).
+func (c *Conn) progressMode(dl *deadline, stopOnClose, nap bool) error {
 	c.mu.Lock()
 	if c.torn {
 		c.mu.Unlock()
@@ -61,7 +67,13 @@ func (c *Conn) progress(dl *deadline, stopOnClose bool) error {
 	}
 	c.polling = true
 	c.mu.Unlock()
-	n, err := c.pollCQ(dl, stopOnClose)
+	var n int
+	var err error
+	if nap {
+		n, err = c.napCQ(dl, c.kick.Load())
+	} else {
+		n, err = c.pollCQ(dl, stopOnClose)
+	}
 	c.mu.Lock()
 	for i := 0; i < n; i++ {
 		c.dispatchLocked(&c.comps[i])
@@ -114,10 +126,6 @@ func (c *Conn) pollCQ(dl *deadline, stopOnClose bool) (int, error) {
 		t = dl.when()
 	}
 	c.mu.Lock()
-	if c.noSleep {
-		c.mu.Unlock()
-		return c.napCQ(dl, k)
-	}
 	c.sleeping = true
 	c.mu.Unlock()
 	var n int
@@ -142,7 +150,9 @@ func (c *Conn) pollCQ(dl *deadline, stopOnClose bool) (int, error) {
 }
 
 // napCQ polls with growing naps instead of sleeping in
-// CompletionQueue.Wait (see noSleep).
+// CompletionQueue.Wait. nic: a hang-up drains the receive ring without the
+// lock that CompletionQueue.Wait skips too (a data race); goroutines that
+// wait through a hang-up (linger, the pump) nap instead.
 func (c *Conn) napCQ(dl *deadline, k uint32) (int, error) {
 	for nap := time.Microsecond; ; nap = min(2*nap, time.Millisecond) {
 		if n := c.cq.Poll(c.comps[:]); n > 0 {
@@ -560,17 +570,13 @@ func (c *Conn) linger() {
 	dl := makeDeadline()
 	dl.set(time.Now().Add(c.cfg.Linger))
 	c.mu.Lock()
-	// nic: a hang-up drains the receive ring without the lock that
-	// CompletionQueue.Wait skips too (a data race); the peer hangs up at
-	// the end of a linger, so nap instead of sleeping there.
-	c.noSleep = true
 	for !c.qpDead && c.err == nil && !c.torn {
 		c.pumpLocked()
 		if len(c.ctlq) == 0 && int32(c.peerAck-c.lastNonCredit) >= 0 && len(c.txq) == 0 {
 			break
 		}
 		c.mu.Unlock()
-		err := c.progress(&dl, false)
+		err := c.progressMode(&dl, false, true)
 		c.mu.Lock()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.abortLocked(&abortError{err: fmt.Errorf("peer consumed nothing for %v after close", c.cfg.Linger)})
@@ -580,6 +586,7 @@ func (c *Conn) linger() {
 	c.mu.Unlock()
 	dl.set(time.Time{})
 	c.teardown()
+	lingerEnd()
 }
 
 // teardown releases the connection's registrations, then its queue pair,
@@ -648,4 +655,24 @@ func (c *Conn) teardown() {
 		d.release()
 		close(c.tornDown)
 	})
+}
+
+// ensurePumpLocked makes sure queued control messages go out when no call
+// of the application is there to drive the connection: a goroutine
+// drives it until the queue is empty.
+func (c *Conn) ensurePumpLocked() {
+	if len(c.ctlq) == 0 || c.pumping || c.tearing || c.err != nil || c.qpDead {
+		return
+	}
+	c.pumping = true
+	go func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for len(c.ctlq) > 0 && !c.tearing && c.err == nil && !c.qpDead {
+			c.mu.Unlock()
+			c.progressMode(nil, false, true)
+			c.mu.Lock()
+		}
+		c.pumping = false
+	}()
 }

@@ -1,0 +1,99 @@
+package sockets
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"syscall"
+	"testing"
+)
+
+// TestENOBUFS runs out of registrations and temporary memory on the
+// writing side: writes fail with ENOBUFS after the bytes they accepted,
+// the application writes the rest another way, and the reader gets every
+// byte once.
+func TestENOBUFS(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		maxRegions  int // the control pool and the doorbell take 3
+		tempMemory  int
+		zeroCopy    ZeroCopy
+		noRead      bool
+		wantENOBUFS bool
+	}{
+		{"no-region", 3, 0, ZeroCopyAuto, false, true},
+		{"no-region/write", 3, 0, ZeroCopyAuto, true, true},
+		{"one-region", 4, 0, ZeroCopyNever, false, false},
+		{"no-temp-memory", 4, 64 << 10, ZeroCopyNever, false, false},
+		{"no-temp-memory/no-region", 3, 64 << 10, ZeroCopyNever, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := smallConfig()
+			w.MaxRegions = tc.maxRegions
+			w.ZeroCopy = tc.zeroCopy
+			if tc.tempMemory != 0 {
+				w.TempMemory = tc.tempMemory
+				w.CopyChunk = 128 << 10 // larger than the temporary memory
+			}
+			r := smallConfig()
+			r.NoRDMARead = tc.noRead
+			client, server := pipe(t, &w, &r)
+			total := scaled(2 << 20)
+			src := make([]byte, total)
+			rnd := rand.New(rand.NewPCG(1, 2))
+			for i := range src {
+				src[i] = byte(rnd.Uint32())
+			}
+			done := make(chan error, 1)
+			var nobufs int
+			go func() {
+				defer client.(*Conn).CloseWrite()
+				for off := 0; off < total; {
+					n := min(total-off, 100<<10+rnd.IntN(200<<10))
+					m, err := client.Write(src[off : off+n])
+					if m < 0 || m > n {
+						done <- errors.New("bad count")
+						return
+					}
+					off += m
+					if errors.Is(err, syscall.ENOBUFS) {
+						nobufs++
+						// The connection stays usable: write the rest of
+						// this piece in small writes.
+						for end := off + (n - m); off < end; {
+							k, err := client.Write(src[off:min(end, off+w.EagerThreshold)])
+							off += k
+							if err != nil {
+								done <- err
+								return
+							}
+						}
+						continue
+					}
+					if err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			got, err := io.ReadAll(server)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, src) {
+				t.Fatalf("got %d bytes, hash %x; want %d, %x", len(got), sha256.Sum256(got), total, sha256.Sum256(src))
+			}
+			st := client.(*Conn).Stats()
+			t.Logf("ENOBUFS %d (counter %d), fallbacks %d, copied %d, zero-copy %d", nobufs, st.ENOBUFS, st.Fallbacks, st.BytesCopied, st.BytesZeroCopy)
+			if (nobufs > 0) != tc.wantENOBUFS || int(st.ENOBUFS) != nobufs {
+				t.Fatalf("%d writes failed with ENOBUFS (counter %d), want some: %v", nobufs, st.ENOBUFS, tc.wantENOBUFS)
+			}
+		})
+	}
+}

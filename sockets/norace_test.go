@@ -1,0 +1,5 @@
+//go:build !race
+
+package sockets
+
+const raceEnabled = false
