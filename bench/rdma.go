@@ -71,10 +71,17 @@ const (
 	rcDone    // from the peer: the case is over
 )
 
-func rdmaConfig() *nic.Config {
+// rdmaConfig is the devices' configuration. The measuring side busy-polls;
+// the peer spins for a while, then sleeps, so that it does not take a CPU
+// from the engine while the parent works one-sided (as perftest's server
+// sits idle during bandwidth tests).
+func rdmaConfig(peer bool) *nic.Config {
 	cfg := nic.DefaultConfig()
 	cfg.RingCapacity = rdmaRing
 	cfg.Wait = shm.WaitConfig{Mode: shm.WaitBusyPoll}
+	if peer {
+		cfg.Wait = shm.WaitConfig{Mode: shm.WaitAdaptive, Spin: 200 * time.Microsecond}
+	}
 	cfg.SendDepth = 4 * rdmaWindow
 	cfg.RecvDepth = 4 * rdmaRecvs
 	return &cfg
@@ -241,7 +248,7 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 	for _, mem := range []string{"shm", "cma"} {
 		addr := fmt.Sprintf("@sandirect-bench-%d-%s", os.Getpid(), mem)
 		s := &rdmaSide{}
-		if s.d, err = nic.Open(rdmaConfig()); err != nil {
+		if s.d, err = nic.Open(rdmaConfig(false)); err != nil {
 			return recs, err
 		}
 		abort := func(error) { s.d.Close() }
@@ -376,17 +383,19 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes,
 	}
 	for _, op := range []nic.Opcode{nic.OpWrite, nic.OpRead} {
 		for _, size := range bwSizes {
-			gbps, mps, err := s.bandwidth(env, op, src[:size], smr.LKey)
+			bw, err := chunked(env, func(d time.Duration) (float64, error) { return s.bandwidth(d, op, src[:size], smr.LKey) })
 			if err != nil {
 				return recs, err
 			}
-			recs = append(recs, env.Report(Result{Case: op.String()[5:] + "_bw", Transport: transport, Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+			recs = append(recs, env.Report(bwResult(op.String()[5:]+"_bw", transport, size, bw))...)
 		}
 	}
 	if mem == "cma" {
 		for _, write := range []bool{true, false} {
 			for _, size := range bwSizes {
-				gbps, mps, err := rawCMA(env, s.qp.PeerPID(), src[:size], s.peerAddr, write)
+				bw, err := chunked(env, func(d time.Duration) (float64, error) {
+					return rawCMA(d, s.qp.PeerPID(), src[:size], s.peerAddr, write)
+				})
 				if err != nil {
 					return recs, err
 				}
@@ -394,7 +403,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes,
 				if write {
 					cas = "write_bw"
 				}
-				recs = append(recs, env.Report(Result{Case: cas, Transport: "cma/raw", Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+				recs = append(recs, env.Report(bwResult(cas, "cma/raw", size, bw))...)
 			}
 		}
 	}
@@ -410,11 +419,11 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes,
 			if size > maxSend {
 				break
 			}
-			gbps, mps, err := s.sendBandwidth(env, src[:size], smr.LKey)
+			bw, err := chunked(env, func(d time.Duration) (float64, error) { return s.sendBandwidth(d, src[:size], smr.LKey) })
 			if err != nil {
 				return recs, err
 			}
-			recs = append(recs, env.Report(Result{Case: "send_bw", Transport: transport, Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+			recs = append(recs, env.Report(bwResult("send_bw", transport, size, bw))...)
 		}
 	}
 	return recs, ctx.Err()
@@ -431,9 +440,29 @@ func (s *rdmaSide) awaitDone() error {
 	return nil
 }
 
-// bandwidth keeps rdmaWindow one-sided operations in flight for the plan's
-// time.
-func (s *rdmaSide) bandwidth(env *Env, op nic.Opcode, local []byte, lkey uint32) (float64, float64, error) {
+// chunked measures a bandwidth in plan.bwChunks chunks of the plan's time,
+// each a complete measurement of its own.
+func chunked(env *Env, measure func(d time.Duration) (gbps float64, err error)) (bwSpread, error) {
+	k := max(1, env.plan.bwChunks)
+	var gbps []float64
+	for range k {
+		g, err := measure(env.plan.bwTime / time.Duration(k))
+		if err != nil {
+			return bwSpread{}, err
+		}
+		gbps = append(gbps, g)
+	}
+	return spreadOf(gbps), nil
+}
+
+// bwResult is the row of a bandwidth measured in chunks.
+func bwResult(cas, transport string, size int, bw bwSpread) Result {
+	return Result{Case: cas, Transport: transport, Size: size, HasBW: true,
+		BW: bw.P50, BWMin: bw.Min, BWMax: bw.Max, Rate: bw.P50 * 1e3 / float64(size)}
+}
+
+// bandwidth keeps rdmaWindow one-sided operations in flight for d.
+func (s *rdmaSide) bandwidth(d time.Duration, op nic.Opcode, local []byte, lkey uint32) (float64, error) {
 	wr := nic.SendWR{Op: op, Local: local, LKey: lkey, Remote: s.peerAddr, RKey: s.peerKey}
 	var n int64
 	inflight := 0
@@ -441,84 +470,84 @@ func (s *rdmaSide) bandwidth(env *Env, op nic.Opcode, local []byte, lkey uint32)
 	for {
 		for inflight < rdmaWindow {
 			if err := s.qp.PostSend(wr); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 			inflight++
 		}
 		k, err := s.scq.Wait(s.cbuf[:], time.Now().Add(30*time.Second))
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		for _, c := range s.cbuf[:k] {
 			if err := c.Err(); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 		}
 		inflight -= k
 		n += int64(k)
-		if time.Since(start) > env.plan.bwTime {
+		if time.Since(start) > d {
 			break
 		}
 	}
 	if err := s.waitSend(inflight); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	n += int64(inflight)
-	gbps, mps := throughput(len(local), n, time.Since(start))
-	return gbps, mps, nil
+	gbps, _ := throughput(len(local), n, time.Since(start))
+	return gbps, nil
 }
 
 // sendBandwidth streams sends; the peer acknowledges the count at the end.
-func (s *rdmaSide) sendBandwidth(env *Env, local []byte, lkey uint32) (float64, float64, error) {
+func (s *rdmaSide) sendBandwidth(d time.Duration, local []byte, lkey uint32) (float64, error) {
 	if err := s.command(rcSendBW, uint32(len(local)), 0); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	wr := nic.SendWR{Op: nic.OpSend, Local: local, LKey: lkey}
 	var n int64
 	inflight := 0
 	start := time.Now()
-	for time.Since(start) < env.plan.bwTime {
+	for time.Since(start) < d {
 		for inflight < rdmaWindow {
 			if err := s.qp.PostSend(wr); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 			inflight++
 			n++
 		}
 		k, err := s.scq.Wait(s.cbuf[:], time.Now().Add(30*time.Second))
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		for _, c := range s.cbuf[:k] {
 			if err := c.Err(); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 		}
 		inflight -= k
 	}
 	if err := s.waitSend(inflight); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	if err := s.send(nil); err != nil { // end of the stream
-		return 0, 0, err
+		return 0, err
 	}
 	m, err := s.recv()
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
-	d := time.Since(start)
+	took := time.Since(start)
 	if len(m) != 16 || binary.LittleEndian.Uint64(m[8:]) != uint64(n) {
-		return 0, 0, fmt.Errorf("peer received %d of %d sends", binary.LittleEndian.Uint64(m[8:]), n)
+		return 0, fmt.Errorf("peer received %d of %d sends", binary.LittleEndian.Uint64(m[8:]), n)
 	}
-	gbps, mps := throughput(len(local), n, d)
-	return gbps, mps, nil
+	gbps, _ := throughput(len(local), n, took)
+	return gbps, nil
 }
 
 // rawCMA is the floor of nic/cma: process_vm_writev/readv in a loop.
-func rawCMA(env *Env, pid int, local []byte, raddr uint64, write bool) (float64, float64, error) {
+func rawCMA(d time.Duration, pid int, local []byte, raddr uint64, write bool) (float64, error) {
 	var n int64
 	start := time.Now()
-	for n == 0 || time.Since(start) < env.plan.bwTime {
+	for n == 0 || time.Since(start) < d {
 		var err error
 		if write {
 			_, err = sys.ProcessVMWritev(pid, local, uintptr(raddr))
@@ -526,12 +555,12 @@ func rawCMA(env *Env, pid int, local []byte, raddr uint64, write bool) (float64,
 			_, err = sys.ProcessVMReadv(pid, local, uintptr(raddr))
 		}
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		n++
 	}
-	gbps, mps := throughput(len(local), n, time.Since(start))
-	return gbps, mps, nil
+	gbps, _ := throughput(len(local), n, time.Since(start))
+	return gbps, nil
 }
 
 // rdmaPeer serves one connection per command: it listens, accepts, swaps
@@ -540,7 +569,7 @@ func rdmaPeer(pc *peerConn) error {
 	return pc.serve(func(cmd ctlMsg) error {
 		s := &rdmaSide{}
 		var err error
-		if s.d, err = nic.Open(rdmaConfig()); err != nil {
+		if s.d, err = nic.Open(rdmaConfig(true)); err != nil {
 			return err
 		}
 		defer s.close()
