@@ -191,6 +191,7 @@ func Open(cfg *Config) (*Device, error) {
 		}
 	}
 	d.eng = newEngine(d)
+	d.publishStats() // counters for tools/sdstat: nic/stats.go
 	return d, nil
 }
 
@@ -222,6 +223,7 @@ func (d *Device) Stats() Stats {
 // Close closes every queue pair of the device, stops its engine and releases
 // its memory. Buffers from Alloc must not be used afterwards.
 func (d *Device) Close() error {
+	d.unpublishStats() // before any lock: it waits for a running snapshot
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

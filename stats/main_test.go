@@ -1,0 +1,9 @@
+package stats
+
+import (
+	"testing"
+
+	"github.com/sandirect/sandirect/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
