@@ -54,3 +54,12 @@ func enobufs(what string, err error) error {
 	}
 	return fmt.Errorf("sockets: %s: %w (%w)", what, syscall.ENOBUFS, err)
 }
+
+// descriptorErr is the error of an RDMA operation that the peer's
+// registrations refused: a forged descriptor, or a source the peer
+// revoked because it aborted (a zero-copy write past its deadline). The
+// two look alike, so the error matches both ErrProtocol and
+// syscall.ECONNRESET.
+func descriptorErr(err error) error {
+	return &abortError{err: fmt.Errorf("%w: %w: peer descriptor outside its registrations: %v", ErrProtocol, syscall.ECONNRESET, err)}
+}

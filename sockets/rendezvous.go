@@ -454,7 +454,7 @@ func (c *Conn) onRDMALocked(comp *nic.Completion) {
 	if comp.Status != nic.StatusSuccess {
 		err = comp.Err()
 		if comp.Status == nic.StatusRemoteAccess {
-			c.abortLocked(protoErr("peer descriptor outside its registrations: %v", err))
+			c.abortLocked(descriptorErr(err))
 			err = c.err
 		} else {
 			c.qpFailedLocked(err)

@@ -416,6 +416,9 @@ func (c *Conn) onHelloLocked(h *header, payload []byte) {
 	lo, hi := c.versions()
 	v, ok := negotiate(lo, hi, m.minVer, m.maxVer)
 	if !ok {
+		if !c.dialer {
+			c.sendHelloLocked() // so that the dialer learns why
+		}
 		c.abortLocked(&abortError{err: fmt.Errorf("%w: we speak [%d, %d], the peer [%d, %d]", ErrVersion, lo, hi, m.minVer, m.maxVer)})
 		return
 	}
@@ -522,7 +525,7 @@ func (c *Conn) qpFailedLocked(reason error) {
 	if c.err == nil && !c.closed {
 		var ce *nic.CompletionError
 		if errors.As(reason, &ce) && ce.Status == nic.StatusRemoteAccess {
-			c.abortLocked(protoErr("peer descriptor outside its registrations: %v", reason))
+			c.abortLocked(descriptorErr(reason))
 			return
 		}
 		if !c.peerFin {

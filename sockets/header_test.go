@@ -1,0 +1,189 @@
+package sockets
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+	"unsafe"
+)
+
+func TestHeaderLayout(t *testing.T) {
+	var h header
+	if unsafe.Sizeof(h) != headerSize || headerSize != 40 {
+		t.Fatalf("header is %d bytes", unsafe.Sizeof(h))
+	}
+	h.SetType(msgCTS)
+	h.SetFlags(flagRead)
+	h.SetAck(0x01020304)
+	h.SetLen(5)
+	h.SetID(6)
+	h.SetSize(7)
+	h.SetOffset(8)
+	h.SetAddr(0x1122334455667788)
+	h.SetRKey(0x99aabbccddeeff00)
+	want := []byte{4, 1, 0, 0, 4, 3, 2, 1, 5, 0, 0, 0, 6, 0, 0, 0, 7, 0, 0, 0, 8, 0, 0, 0,
+		0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0x00, 0xff, 0xee, 0xdd, 0xcc, 0xbb, 0xaa, 0x99}
+	if !bytes.Equal(h[:], want) {
+		t.Fatalf("header bytes\n% x\nwant\n% x", h[:], want)
+	}
+	if h.Type() != msgCTS || h.Flags() != flagRead || h.Ack() != 0x01020304 || h.Len() != 5 || h.ID() != 6 ||
+		h.Size() != 7 || h.Offset() != 8 || h.Addr() != 0x1122334455667788 || h.RKey() != 0x99aabbccddeeff00 {
+		t.Fatalf("accessors: %v", &h)
+	}
+}
+
+// validMessages returns one well-formed message of every type.
+func validMessages() [][]byte {
+	msg := func(t msgType, f func(h *header), payload []byte) []byte {
+		var h header
+		h.SetType(t)
+		if f != nil {
+			f(&h)
+		}
+		h.SetLen(uint32(len(payload)))
+		return append(h[:], payload...)
+	}
+	var hel [helloSize]byte
+	(&hello{minVer: 1, maxVer: 1, window: 8, bufSize: 4096, maxTransfer: 1 << 20}).put(hel[:])
+	return [][]byte{
+		msg(msgHello, func(h *header) { h.SetRKey(1) }, hel[:]),
+		msg(msgData, nil, []byte("data")),
+		msg(msgRTS, func(h *header) { h.SetID(1); h.SetSize(100) }, []byte("inline")),
+		msg(msgRTS, func(h *header) { h.SetFlags(flagRead); h.SetSize(100); h.SetAddr(4096); h.SetRKey(9) }, nil),
+		msg(msgCTS, func(h *header) { h.SetSize(100); h.SetAddr(4096); h.SetRKey(9) }, nil),
+		msg(msgDone, func(h *header) { h.SetSize(100) }, nil),
+		msg(msgCancel, func(h *header) { h.SetOffset(10) }, nil),
+		msg(msgCredit, nil, nil),
+		msg(msgFin, nil, nil),
+		msg(msgAbort, nil, []byte("why")),
+	}
+}
+
+func TestParseMessage(t *testing.T) {
+	for _, m := range validMessages() {
+		if _, _, err := parseMessage(m); err != nil {
+			t.Errorf("%x: %v", m[:1], err)
+		}
+	}
+	bad := func(name string, m []byte, mutate func(b []byte) []byte) {
+		b := mutate(bytes.Clone(m))
+		if _, _, err := parseMessage(b); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+	v := validMessages()
+	bad("short", v[1], func(b []byte) []byte { return b[:headerSize-1] })
+	bad("length", v[1], func(b []byte) []byte { return b[:len(b)-1] })
+	bad("reserved", v[1], func(b []byte) []byte { b[offReserved+1] = 1; return b })
+	bad("type 0", v[1], func(b []byte) []byte { b[offType] = 0; return b })
+	bad("empty data", v[7], func(b []byte) []byte { b[offType] = byte(msgData); return b })
+	bad("rts read no key", v[3], func(b []byte) []byte { binary.LittleEndian.PutUint64(b[offRKey:], 0); return b })
+	bad("rts wraps", v[3], func(b []byte) []byte { binary.LittleEndian.PutUint64(b[offAddr:], ^uint64(0)-10); return b })
+	bad("rts write with key", v[2], func(b []byte) []byte { binary.LittleEndian.PutUint64(b[offRKey:], 5); return b })
+	bad("cts flags", v[4], func(b []byte) []byte { b[offFlags] = 1; return b })
+	bad("done zero", v[5], func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offSize:], 0); return b })
+	bad("credit with id", v[7], func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offID:], 1); return b })
+	bad("hello short", v[0], func(b []byte) []byte {
+		binary.LittleEndian.PutUint32(b[offLen:], helloSize-1)
+		return b[:len(b)-1]
+	})
+	long := append(bytes.Clone(v[9][:headerSize]), make([]byte, maxReason+1)...)
+	binary.LittleEndian.PutUint32(long[offLen:], maxReason+1)
+	bad("abort reason", long, func(b []byte) []byte { return b })
+}
+
+func TestHelloAndVersions(t *testing.T) {
+	for _, tc := range []struct {
+		a, b [2]uint16
+		want uint16
+		ok   bool
+	}{
+		{[2]uint16{1, 1}, [2]uint16{1, 1}, 1, true},
+		{[2]uint16{1, 3}, [2]uint16{2, 5}, 3, true},
+		{[2]uint16{1, 1}, [2]uint16{2, 2}, 0, false},
+		{[2]uint16{3, 4}, [2]uint16{1, 2}, 0, false},
+	} {
+		v, ok := negotiate(tc.a[0], tc.a[1], tc.b[0], tc.b[1])
+		if ok != tc.ok || ok && v != tc.want {
+			t.Errorf("negotiate(%v, %v) = %d, %v", tc.a, tc.b, v, ok)
+		}
+	}
+	// End to end: a dialer that speaks only version 2 is refused.
+	ln, err := Listen("sandirect", testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := Config{versions: [2]uint16{2, 2}}
+	d := Dialer{Config: &cfg}
+	if c, err := d.Dial("sandirect", ln.Addr().String()); !errors.Is(err, ErrVersion) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("dial with version 2: %v, want ErrVersion", err)
+	}
+	// One that also speaks 1 gets 1.
+	cfg.versions = [2]uint16{1, 2}
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			defer c.Close()
+			c.Read(make([]byte, 1))
+		}
+	}()
+	c, err := d.Dial("sandirect", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := c.(*Conn).version; v != 1 {
+		t.Fatalf("version %d", v)
+	}
+	c.Close()
+	waitTorn(t, c)
+}
+
+func FuzzParseMessage(f *testing.F) {
+	for _, m := range validMessages() {
+		f.Add(m)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, payload, err := parseMessage(b)
+		if err != nil {
+			return
+		}
+		// A message that passes is self-consistent.
+		if int(h.Len()) != len(payload) || len(b) != headerSize+len(payload) {
+			t.Fatalf("len %d, payload %d, message %d", h.Len(), len(payload), len(b))
+		}
+		if h.Type() < msgHello || h.Type() > msgLast {
+			t.Fatalf("type %v accepted", h.Type())
+		}
+		if h.Type() == msgHello {
+			parseHello(&h, payload) // must not panic
+		}
+		if (h.Type() == msgCTS || h.Type() == msgRTS && h.Flags()&flagRead != 0) && h.Addr()+uint64(h.Size()) < h.Addr() {
+			t.Fatalf("wrapping descriptor accepted: %v", &h)
+		}
+	})
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (Config{}).Validate(); err != nil {
+		t.Fatalf("zero config: %v", err)
+	}
+	for name, c := range map[string]Config{
+		"buffer":   {BufferSize: 100},
+		"window":   {Window: 2},
+		"transfer": {MaxTransfer: 100},
+		"chunk":    {CopyChunk: 1 << 30, MaxTransfer: 1 << 20},
+		"zerocopy": {ZeroCopy: 7},
+		"linger":   {Linger: -1},
+	} {
+		if err := c.Validate(); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
