@@ -16,7 +16,8 @@ import (
 //
 //	device/N        the device's Stats (closed queue pairs included), and
 //	                queue_pairs, regions, memory_segments now open
-//	device/N/pin    the registration cache's pin.Stats (unless NoPinning)
+//	device/N/pin    the registration cache's pin.Stats (unless NoPinning),
+//	                and monitor_KIND = 1 naming its monitor (monitor_ebpf, …)
 //	device/N/qp/M   each open queue pair's Stats, state and peer_pid
 //
 // N numbers the devices of this process from 1, in the order they were
@@ -90,6 +91,9 @@ func (s *statSource) snapshot(emit func(group, name string, v uint64)) {
 	emit(s.group, "memory_segments", uint64(s.segs))
 	if c := d.Cache(); c != nil {
 		emitPinStats(emit, s.pinGroup, c.Stats())
+		// Which monitor keeps the cache honest, as a name: a table holds
+		// numbers only.
+		emit(s.pinGroup, "monitor_"+c.Monitor().Kind.String(), 1)
 	}
 	for i := range s.qps {
 		q := &s.qps[i]

@@ -80,6 +80,10 @@ func TestStatsPublished(t *testing.T) {
 		if _, ok := s.Get(gb+"/pin", "gets"); !ok {
 			t.Errorf("no %s/pin counters", gb)
 		}
+		mon := "monitor_" + b.d.Cache().Monitor().Kind.String()
+		if v, ok := s.Get(gb+"/pin", mon); !ok || v != 1 {
+			t.Errorf("%s/pin %s = %d, %v", gb, mon, v, ok)
+		}
 	}
 	// A closed device leaves the table.
 	a.qp.Close()

@@ -96,7 +96,11 @@ func Configure(cfg *Config) error {
 	pub.mu.Lock()
 	pub.initLocked()
 	pub.cfg = c
+	r := pub.run
 	pub.mu.Unlock()
+	if r != nil {
+		r.kick() // apply the new interval now
+	}
 	pub.reconcile()
 	return nil
 }
@@ -152,7 +156,10 @@ func (p *publisher) remove(s *source) {
 }
 
 // reconcile starts or stops publishing to match the sources and the
-// configuration, and has a running publisher refresh soon. runMu is held.
+// configuration. runMu is held. A running publisher is not asked to
+// refresh early: a new source shows at the next interval, so that a
+// process registering thousands of sources (one per connection) does not
+// rewrite the table thousands of times.
 func (p *publisher) reconcile() {
 	p.mu.Lock()
 	p.initLocked()
@@ -166,9 +173,7 @@ func (p *publisher) reconcile() {
 		p.mu.Lock()
 		p.run, p.runErr = r, err
 		p.mu.Unlock()
-	case want:
-		r.kick()
-	case r != nil:
+	case !want && r != nil:
 		p.mu.Lock()
 		p.run = nil
 		p.mu.Unlock()
