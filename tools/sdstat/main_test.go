@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -261,6 +263,34 @@ func TestInterrupt(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+func init() {
+	// The command itself, as a user runs it: main with these arguments.
+	testutil.RegisterChild("main", func(args []string) error {
+		os.Args = append([]string{"sdstat"}, args...)
+		main()
+		return nil
+	})
+}
+
+// TestExitStatus runs the real main: an error is one line on stderr and
+// exit status 1; success is status 0.
+func TestExitStatus(t *testing.T) {
+	c := testutil.StartChild(t, "main", nil, "-p", "999999999", "-watch", "10ms")
+	err := c.Wait(20 * time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit: %v, want status 1", err)
+	}
+	out := c.Output()
+	if !strings.HasPrefix(out, "sdstat: ") || strings.Count(out, "\n") != 1 {
+		t.Errorf("stderr is not one line starting \"sdstat: \": %q", out)
+	}
+	c = testutil.StartChild(t, "main", nil, "-h")
+	if err := c.Wait(20 * time.Second); err != nil {
+		t.Fatalf("-h: %v", err)
 	}
 }
 
