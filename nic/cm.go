@@ -409,6 +409,7 @@ func validateTable(seg *shm.Segment) (peerTable, error) {
 func (d *Device) start(qp *QueuePair) {
 	qp.state.Store(uint32(QPReady))
 	qp.recvCQ.attach(qp)
+	qp.sendCQ.attachSend(qp)
 	d.mu.Lock()
 	closed := d.closed
 	if !closed {

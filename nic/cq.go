@@ -65,6 +65,7 @@ type CompletionQueue struct {
 	hd int
 
 	qps   atomic.Pointer[[]*QueuePair] // QPs whose receives this CQ drives; copy on write
+	sqps  atomic.Pointer[[]*QueuePair] // QPs whose queued send work this CQ's pollers run; copy on write
 	dirty atomic.Bool                  // qps changed since the waiter built ws
 
 	waitMu sync.Mutex // serializes waiters; guards ws
@@ -77,6 +78,7 @@ type CompletionQueue struct {
 func (d *Device) NewCQ() *CompletionQueue {
 	cq := &CompletionQueue{dev: d, wait: d.cfg.Wait}
 	cq.qps.Store(new([]*QueuePair))
+	cq.sqps.Store(new([]*QueuePair))
 	cq.ready = cq.readyToWake
 	return cq
 }
@@ -90,11 +92,28 @@ func (cq *CompletionQueue) readyToWake() bool {
 		return true
 	}
 	for _, qp := range cq.wsQPs {
-		if qp.rqLen.Load() > 0 && qp.in.Pending() {
+		if qp.rqLen.Load() > 0 && qp.inPending() {
 			return true
 		}
 	}
 	return false
+}
+
+// attachSend makes pollers of cq run qp's queued send work themselves
+// (besides the engine): a caller busy-polling for a completion then moves
+// its own data instead of waiting for the engine goroutine to get a CPU.
+func (cq *CompletionQueue) attachSend(qp *QueuePair) {
+	cq.mu.Lock()
+	next := append(slices.Clip(*cq.sqps.Load()), qp)
+	cq.sqps.Store(&next)
+	cq.mu.Unlock()
+}
+
+func (cq *CompletionQueue) detachSend(qp *QueuePair) {
+	cq.mu.Lock()
+	next := slices.DeleteFunc(slices.Clone(*cq.sqps.Load()), func(q *QueuePair) bool { return q == qp })
+	cq.sqps.Store(&next)
+	cq.mu.Unlock()
 }
 
 func (cq *CompletionQueue) pending() bool {
@@ -157,6 +176,11 @@ func (cq *CompletionQueue) syncWaitSet() {
 func (cq *CompletionQueue) Poll(out []Completion) int {
 	for _, qp := range *cq.qps.Load() {
 		qp.progressRecv()
+	}
+	for _, qp := range *cq.sqps.Load() {
+		if qp.sqLen.Load() > 0 {
+			qp.engineTurn()
+		}
 	}
 	cq.mu.Lock()
 	n := copy(out, cq.q[cq.hd:])

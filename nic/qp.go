@@ -89,8 +89,9 @@ type QueuePair struct {
 	// Lock order: sqMu, then rqMu, then CQ locks.
 	sqMu   sync.Mutex // guards sq, queued, closed, out; held while an op runs
 	sq     []*sendOp
-	queued bool // on the engine's list
-	closed bool // mappings released (also guarded by rqMu: both held to set)
+	sqLen  atomic.Int32 // len(sq), for pollers that look without the lock
+	queued bool         // on the engine's list
+	closed bool         // mappings released (also guarded by rqMu: both held to set)
 
 	rqMu   sync.Mutex // guards rq, rqHead, in
 	rq     []RecvWR
@@ -147,8 +148,10 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 	n := len(wr.Local)
 	switch wr.Op {
 	case OpSend:
-		if n > qp.dev.attr.MaxSend {
-			return fmt.Errorf("nic: send of %d bytes exceeds %d", n, qp.dev.attr.MaxSend)
+		// The dialer chose the ring: its size, not our configuration, bounds
+		// a send on this connection.
+		if max := qp.out.MaxPayload(); n > max {
+			return fmt.Errorf("nic: send of %d bytes exceeds this connection's %d", n, max)
 		}
 		if n > qp.dev.attr.MaxInline {
 			if _, err := qp.dev.localRegion(wr.LKey, wr.Local, 0); err != nil {
@@ -205,6 +208,7 @@ func (qp *QueuePair) enqueueLocked(op *sendOp) error {
 		op.wr.Local = bytes.Clone(op.wr.Local)
 	}
 	qp.sq = append(qp.sq, op)
+	qp.sqLen.Store(int32(len(qp.sq)))
 	if !qp.queued {
 		qp.queued = true
 		qp.dev.eng.add(qp)
@@ -400,6 +404,14 @@ func (qp *QueuePair) PostRecv(wr RecvWR) error {
 	return nil
 }
 
+// inPending tells whether the incoming ring has something for the reader.
+// It reads the consumer's position, which progressRecv moves: under rqMu.
+func (qp *QueuePair) inPending() bool {
+	qp.rqMu.Lock()
+	defer qp.rqMu.Unlock()
+	return !qp.closed && qp.in.Pending()
+}
+
 // progressRecv moves incoming sends into posted receives and completes
 // them on the receive CQ.
 func (qp *QueuePair) progressRecv() {
@@ -487,6 +499,7 @@ func (qp *QueuePair) flush() {
 	qp.sqMu.Lock()
 	ops := qp.sq
 	qp.sq = nil
+	qp.sqLen.Store(0)
 	for _, op := range ops {
 		qp.sendCQ.push(Completion{ID: op.wr.ID, Op: op.wr.Op, Status: StatusFlushed, Bytes: op.done, QP: qp, Reason: reason})
 	}
@@ -536,6 +549,7 @@ func (qp *QueuePair) engineTurn() bool {
 		qp.sstats.EngineExecs++
 		qp.sq[0] = nil
 		qp.sq = qp.sq[1:]
+		qp.sqLen.Store(int32(len(qp.sq)))
 		failed = qp.finish(op, st, reason)
 	}
 	more := len(qp.sq) > 0 && !failed
@@ -563,6 +577,7 @@ func (qp *QueuePair) Close() error {
 			<-qp.readerDone
 		}
 		qp.recvCQ.detach(qp)
+		qp.sendCQ.detachSend(qp)
 		qp.sqMu.Lock()
 		qp.rqMu.Lock()
 		qp.closed = true
