@@ -28,8 +28,9 @@ type Config struct {
 	RingCapacity int
 	// SendDepth and RecvDepth bound outstanding work requests per queue pair.
 	SendDepth, RecvDepth int
-	// InlineExec is the largest RDMA operation the posting goroutine
-	// executes itself when nothing is queued ahead of it.
+	// InlineExec is how many bytes of an RDMA operation the posting
+	// goroutine moves itself when nothing is queued ahead of it; the rest
+	// is left to the engine and to pollers of the send CQ.
 	InlineExec int
 	// Chunk is how many bytes the engine moves for one work request
 	// before it turns to the next queue pair.
@@ -49,8 +50,8 @@ type Config struct {
 }
 
 // DefaultConfig returns the defaults: RDMA Read supported, 256 B inline,
-// 4096 regions, 256 KiB rings (128 KiB largest send), 64 KiB inline
-// execution, 256 KiB chunks, 1 s RNR timeout, adaptive waiting.
+// 4096 regions, 256 KiB rings (128 KiB largest send), 256 KiB moved at
+// post time, 256 KiB chunks, 1 s RNR timeout, adaptive waiting.
 func DefaultConfig() Config {
 	return Config{
 		RDMARead:     true,
@@ -59,7 +60,7 @@ func DefaultConfig() Config {
 		RingCapacity: 256 << 10,
 		SendDepth:    1024,
 		RecvDepth:    1024,
-		InlineExec:   64 << 10,
+		InlineExec:   256 << 10,
 		Chunk:        256 << 10,
 		RNRTimeout:   time.Second,
 		Wait:         shm.DefaultWaitConfig(),

@@ -179,9 +179,13 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 		qp.sqMu.Unlock()
 		return qp.stateErr()
 	}
-	if len(qp.sq) == 0 && (wr.Op == OpSend || n <= qp.dev.cfg.InlineExec) {
+	if len(qp.sq) == 0 && (wr.Op == OpSend || qp.dev.cfg.InlineExec > 0) {
+		// Nothing queued ahead: run it now, up to InlineExec bytes (a send
+		// is all or nothing). What is left goes to the engine and to
+		// pollers of the send CQ, so posting stays bounded in time.
 		op := sendOp{wr: wr}
-		if st, reason, finished := qp.execute(&op, n, time.Time{}); finished {
+		st, reason, finished := qp.execute(&op, qp.dev.cfg.InlineExec, time.Time{})
+		if finished {
 			qp.sstats.InlineExecs++
 			failed := qp.finish(&op, st, reason)
 			qp.sqMu.Unlock()
@@ -190,8 +194,11 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 			}
 			return nil
 		}
-		// A send that found the peer's ring full: the engine retries it.
-		op.rnrSince, op.rnrHead = time.Now(), qp.out.Released()
+		if wr.Op == OpSend {
+			// The peer's ring is full: the engine retries while the
+			// peer makes progress (RNR).
+			op.rnrSince, op.rnrHead = time.Now(), qp.out.Released()
+		}
 		return qp.enqueueLocked(&op)
 	}
 	return qp.enqueueLocked(&sendOp{wr: wr})

@@ -18,7 +18,8 @@ import (
 //	                queue_pairs, regions, memory_segments now open
 //	device/N/pin    the registration cache's pin.Stats (unless NoPinning),
 //	                and monitor_KIND = 1 naming its monitor (monitor_ebpf, …)
-//	device/N/qp/M   each open queue pair's Stats, state and peer_pid
+//	device/N/qp/M   each open queue pair's Stats, state (a QPState: 0 reset,
+//	                1 ready, 2 error) and peer_pid
 //
 // N numbers the devices of this process from 1, in the order they were
 // opened; M numbers a device's queue pairs from 1, in the order the
