@@ -7,7 +7,10 @@ require (
 	golang.org/x/sys v0.50.0
 )
 
-require golang.org/x/net v0.62.0
+require (
+	golang.org/x/net v0.62.0
+	gonum.org/v1/plot v0.17.0
+)
 
 require (
 	codeberg.org/go-fonts/liberation v0.5.0 // indirect
@@ -18,5 +21,4 @@ require (
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	gonum.org/v1/plot v0.17.0 // indirect
 )

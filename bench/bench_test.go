@@ -63,7 +63,7 @@ func TestRunFloorRingJSON(t *testing.T) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := run(ctx, &out, []string{"-quick", "-json", path, "floor", "ring"}); err != nil {
+	if err := run(ctx, &out, []string{"-quick", "-json", path, "-out", "", "floor", "ring"}); err != nil {
 		t.Fatalf("run: %v\noutput:\n%s", err, out.String())
 	}
 	t.Logf("output:\n%s", out.String())
@@ -102,7 +102,7 @@ func TestRunFloorRingJSON(t *testing.T) {
 		got[k] = r.Value
 	}
 	lat := []string{metricLatMin, metricLatP50, metricLatP99, metricLatP999}
-	bw := []string{metricBW, metricRate}
+	bw := []string{metricBW, metricBWMin, metricBWMax, metricRate} // measured in chunks: with the spread
 	want := []struct {
 		suite, cas, transport string
 		size                  int
@@ -110,6 +110,7 @@ func TestRunFloorRingJSON(t *testing.T) {
 	}{
 		{"floor", "pingpong", "cacheline", 8, lat},
 		{"floor", "pingpong", "futex", 4, lat},
+		{"floor", "pingpong", "futex/unpinned", 4, lat},
 		{"floor", "copy", "memcpy", 4 * kiB, bw},
 		{"floor", "copy", "memcpy", 64 * kiB, bw},
 		{"ring", "pingpong", "ring/busy", 8, lat},
@@ -171,7 +172,7 @@ func TestRunRDMA(t *testing.T) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := run(ctx, &out, []string{"-quick", "-json", path, "rdma"}); err != nil {
+	if err := run(ctx, &out, []string{"-quick", "-json", path, "-out", "", "rdma"}); err != nil {
 		t.Fatalf("run: %v\noutput:\n%s", err, out.String())
 	}
 	b, err := os.ReadFile(path)
@@ -340,7 +341,7 @@ func TestRunPin(t *testing.T) {
 	tiny(t)
 	var out bytes.Buffer
 	path := filepath.Join(t.TempDir(), "out.json")
-	if err := run(context.Background(), &out, []string{"-quick", "-json", path, "pin"}); err != nil {
+	if err := run(context.Background(), &out, []string{"-quick", "-json", path, "-out", "", "pin"}); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
 	b, err := os.ReadFile(path)

@@ -1,15 +1,24 @@
 // Command bench is sandirect's benchmark harness, perftest-style: every
 // measurement runs between two real processes, and the results are printed
-// as a table and optionally saved as JSON.
+// as a table, saved as JSON and plotted.
 //
-//	go run ./bench [-quick] [-json FILE] [-pin=false] [SUITE...]
+//	go run ./bench [-quick] [-out DIR] [-json FILE] [-pin=false] [SUITE...]
 //
 // With no SUITE every registered suite runs, in registration order (file
-// name order; -h lists them). The founding ones: floor (cache-line and
-// futex round trips between two processes, single-core copy() bandwidth)
-// and ring (shm ring ping-pong in busy-poll and block mode, one-way
-// streaming). When the two numbers of a target ratio were both measured, the
-// ratio is printed with PASS or MISS.
+// name order; -h lists them): conn (net.Conn ping-pong and streaming, 8 B
+// to 16 MiB: sockets/busy, sockets/block and sockets/tcp against unix, tcp,
+// pipe and cloudwego/shmipc-go; memory per idle connection), floor
+// (cache-line and futex round trips between two processes, single-core
+// copy() bandwidth), pin (the registration cache), rdma (the emulated
+// NIC's perftest cases) and ring (shm ring ping-pong in busy-poll and block
+// mode, one-way streaming). When the two numbers of a target ratio were
+// both measured, the ratio is printed with PASS or MISS; so are goals on
+// single numbers.
+//
+// shmipc-go is measured by a module of its own, bench/shmipc, so that it
+// stays out of sandirect's dependencies: the conn suite builds it with the
+// go command and merges its records, or says why it could not
+// (SANDIRECT_BENCH_SHMIPC=0 leaves it out).
 //
 // # Output
 //
@@ -21,25 +30,46 @@
 // switches of the two measuring threads during the row's measurement,
 // warm-up included: busy-polling needs its CPUs, and a row with thousands
 // was disturbed by other work (the targets section then warns).
-// With -json FILE every number becomes one record:
+// Bandwidth is measured in chunks (copy(): timed batches): the GB/s column
+// is the median chunk, the range column the slowest and the fastest.
+// Sleeping transports of the conn suite run unpinned, as a Go program runs
+// (their preempt column is "-"); busy-polling ones pinned.
+//
+// # Report
+//
+// -out DIR (default sandirect-report, in the current directory; created,
+// files overwritten; empty: none) receives bench.json, the records below,
+// and for each suite a figure, SUITE.svg and SUITE.png: latency (median,
+// bars from min to p99) and bandwidth (bars over the chunks) against
+// message size, log-log, one line per transport, the floors as dashed
+// references, the hardware in the title. The paths are printed at the end.
+// On a terminal, a progress bar on stderr shows the rows done and to come.
+//
+// Every number becomes one record (also written with -json FILE):
 //
 //	{"suite":"ring","case":"pingpong","transport":"ring/busy","size":8,"metric":"lat_p50_ns","value":61.2}
 //
-// Metrics: lat_min_ns, lat_p50_ns, lat_p99_ns, lat_p999_ns, bw_gbps,
-// rate_mps. Transports: cacheline, futex, memcpy, ring/busy, ring/block.
-// Other tools read these names: keep them stable.
+// Metrics: lat_min_ns, lat_p50_ns, lat_p99_ns, lat_p999_ns, bw_gbps (the
+// median chunk), bw_min_gbps, bw_max_gbps, rate_mps, mem_bytes.
+// Transports: cacheline, futex, futex/unpinned, memcpy, ring/busy,
+// ring/block, nic/shm, nic/cma, cma/raw, pin/…, unix, tcp, pipe,
+// sockets/busy, sockets/block, sockets/tcp, shmipc. Other tools read these
+// names: keep them stable.
 //
 // # Adding a suite
 //
 // A suite is one file: an init that calls register with a Suite (name, one
-// line of doc, Run) and registerPeer for the role its peer process plays.
+// line of doc, Run, and Rows for the progress bar) and registerPeer for the
+// role its peer process plays.
 // Run creates its shared segments, starts the peer with startPeer (the
 // segments become the peer's fds 4, 5, …), and for each measurement calls
 // peer.run with a command, a function that aborts the parent's side, and
 // the parent's side itself, usually wrapped in pinned. The peer role serves
 // commands with peerConn.serve: attach, ready, take part, return. newSampler,
 // summarize, throughput and Env.Report do the rest; a ratio between two
-// records of one run goes into targets.
+// records of one run goes into targets. Another byte-stream transport for
+// the conn suite is one entry in connTransports: how the parent listens and
+// how the peer dials.
 //
 // # Processes
 //
@@ -53,6 +83,7 @@
 // # Errors
 //
 // run returns the first error; main prints it on one line to stderr and
-// exits with status 1. With -json the records measured before a failure are
-// still written.
+// exits with status 1. The records measured before a failure are still
+// written (-json, -out). In the conn suite a failing transport does not stop
+// the others: its error is printed in the table and returned at the end.
 package main

@@ -9,6 +9,9 @@ package main
 //   - pingpong/futex: the same over two futex words, always sleeping
 //     (FUTEX_WAIT) and always waking (FUTEX_WAKE, shared ops): the floor of
 //     any transport that sleeps while it waits.
+//   - pingpong/futex/unpinned: the same with neither thread pinned to a
+//     CPU, as the conn suite runs its sleeping transports: the scheduler
+//     may then run both ends on one CPU and spare the cross-CPU wake-up.
 //   - copy/memcpy: single-core copy() of a hot buffer to another, in this
 //     process: what any transport that copies pays per byte.
 
@@ -30,6 +33,7 @@ func init() {
 		Name: "floor",
 		Doc:  "cross-process cache-line and futex round trips, single-core copy() bandwidth",
 		Run:  runFloor,
+		Rows: func(env *Env) int { return len(env.plan.copySizes) + 3 },
 	})
 	registerPeer("floor", floorPeer)
 }
@@ -100,13 +104,19 @@ func runFloor(ctx context.Context, env *Env) (recs []Record, err error) {
 		}
 	}()
 
-	lat, err := futexRTT(ctx, env, p, w)
-	if err != nil {
-		return recs, fmt.Errorf("futex: %w", err)
+	for _, pin := range []bool{true, false} {
+		lat, err := futexRTT(ctx, env, p, w, pin)
+		if err != nil {
+			return recs, fmt.Errorf("futex: %w", err)
+		}
+		r := Result{Case: "pingpong", Transport: "futex", Size: 4, Lat: lat}
+		if !pin {
+			r.Transport, r.Preempted = "futex/unpinned", -1
+		}
+		recs = append(recs, env.Report(r)...)
 	}
-	recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "futex", Size: 4, Lat: lat})...)
 
-	lat, err = cachelineRTT(ctx, env, p, w)
+	lat, err := cachelineRTT(ctx, env, p, w)
 	if err != nil {
 		return recs, fmt.Errorf("cacheline: %w", err)
 	}
@@ -159,14 +169,19 @@ func lineRTT(line *uint64, v uint64, abort *atomic.Bool) uint64 {
 	return v
 }
 
-// futexRTT measures sleeping round trips over the ping and pong words.
-func futexRTT(ctx context.Context, env *Env, p *peer, w floorWords) (*Latency, error) {
+// futexRTT measures sleeping round trips over the ping and pong words, the
+// two threads pinned to their CPUs or not.
+func futexRTT(ctx context.Context, env *Env, p *peer, w floorWords, pin bool) (*Latency, error) {
 	atomic.StoreUint32(w.ping, 0)
 	atomic.StoreUint32(w.pong, 0)
 	var abort atomic.Bool
 	smp := newSampler(env.plan.blockMax)
-	err := p.run(ctx, ctlMsg{Op: "futex"}, func(error) { abort.Store(true) }, func() error {
-		return pinned(env.cpus[0], func() error {
+	cpu := env.cpus[0]
+	if !pin {
+		cpu = -1
+	}
+	err := p.run(ctx, ctlMsg{Op: "futex", Unpinned: !pin}, func(error) { abort.Store(true) }, func() error {
+		return pinned(cpu, func() error {
 			seq := uint32(0)
 			var err error
 			for range env.plan.blockWarm {
@@ -283,7 +298,8 @@ func floorPeer(pc *peerConn) error {
 }
 
 // measureCopy measures single-core copy() bandwidth between two hot buffers
-// of the plan's sizes, in this process, and reports each size.
+// of the plan's sizes, in this process, and reports each size: the median
+// of timed batches of about 8 MiB, and the slowest and fastest batch.
 func measureCopy(ctx context.Context, env *Env) []Record {
 	sizes := env.plan.copySizes
 	if len(sizes) == 0 {
@@ -325,9 +341,9 @@ func measureCopy(ctx context.Context, env *Env) []Record {
 			}
 			return nil
 		})
-		slices.Sort(bws)
-		bw := bws[len(bws)/2]
-		out = append(out, env.Report(Result{Case: "copy", Transport: "memcpy", Size: size, BW: bw, Rate: bw * 1e3 / float64(size), HasBW: true})...)
+		bw := spreadOf(bws)
+		out = append(out, env.Report(Result{Case: "copy", Transport: "memcpy", Size: size, HasBW: true,
+			BW: bw.P50, BWMin: bw.Min, BWMax: bw.Max, Rate: bw.P50 * 1e3 / float64(size)})...)
 	}
 	// Give the buffers back now, not through the background scavenger
 	// while later measurements run.

@@ -8,13 +8,22 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 func main() {
 	if role := os.Getenv(envPeer); role != "" {
 		os.Exit(peerMain(role))
+	}
+	if isTerminal(os.Stderr) {
+		progressTerm = os.Stderr
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Stdout, os.Args[1:])
@@ -30,6 +39,10 @@ func oneLine(err error) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " | ")), " ")
 }
 
+// progressTerm, when set (by main, if stderr is a terminal), shows a
+// progress bar while the suites run.
+var progressTerm io.Writer
+
 // run parses args, runs the chosen suites and writes the tables to stdout.
 func run(ctx context.Context, stdout io.Writer, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -37,6 +50,9 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	quick := fs.Bool("quick", envBool("SANDIRECT_BENCH_QUICK"), "fewer sizes and shorter runs (env SANDIRECT_BENCH_QUICK)")
 	jsonPath := fs.String("json", os.Getenv("SANDIRECT_BENCH_JSON"), "write every number to `FILE` as a JSON array of records (env SANDIRECT_BENCH_JSON)")
 	pin := fs.Bool("pin", !envFalse("SANDIRECT_BENCH_PIN"), "pin the measuring threads of the two processes to two different CPUs (env SANDIRECT_BENCH_PIN)")
+	outDir := fs.String("out", envOr("SANDIRECT_BENCH_OUT", "sandirect-report"),
+		"write the report to `DIR` (created; files overwritten): bench.json, the same records as -json, and per suite\n"+
+			"a plot of latency and bandwidth against message size, SUITE.svg and SUITE.png; empty: no report (env SANDIRECT_BENCH_OUT)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: bench [flags] [SUITE...]\n\nsuites:\n")
 		for _, s := range suites {
@@ -60,11 +76,22 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "# sandirect bench: %s\n", env.describe())
+	hw := hardware()
+	fmt.Fprintf(stdout, "# sandirect bench on %s\n# %s\n", hw, env.describe())
+	if progressTerm != nil {
+		total := 0
+		for _, s := range chosen {
+			if s.Rows != nil {
+				total += s.Rows(env)
+			}
+		}
+		env.progress = newProgressBar(progressTerm, total)
+		env.out = env.progress.writer(stdout)
+	}
 	var all []Record
 	var runErr error
 	for _, s := range chosen {
-		printSuiteHeader(stdout, s.Name)
+		printSuiteHeader(env.out, s.Name)
 		env.suite = s.Name
 		recs, err := s.Run(ctx, env)
 		all = append(all, recs...)
@@ -73,16 +100,97 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 			break
 		}
 	}
+	if env.progress != nil {
+		env.progress.stop()
+	}
 	if runErr == nil {
 		printTargets(stdout, all, env.preempts)
 	}
+	// Also after a failure: what was measured is kept.
 	if *jsonPath != "" {
-		// Also after a failure: what was measured is kept.
 		if err := writeJSON(*jsonPath, all); err != nil && runErr == nil {
 			runErr = err
 		}
 	}
+	if *outDir != "" {
+		mode := "full run"
+		if *quick {
+			mode = "quick run"
+		}
+		paths, err := writeReport(*outDir, all, fmt.Sprintf("%s; %s, %s", hw, mode, time.Now().Format("2006-01-02 15:04")))
+		if len(paths) > 0 {
+			fmt.Fprintf(stdout, "\nreport:\n")
+			for _, p := range paths {
+				fmt.Fprintf(stdout, "  %s\n", p)
+			}
+		}
+		if err != nil && runErr == nil {
+			runErr = fmt.Errorf("report: %w", err)
+		}
+	}
 	return runErr
+}
+
+// writeReport writes bench.json and the suites' figures into dir and
+// returns the paths written.
+func writeReport(dir string, recs []Record, hardware string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var paths []string
+	p := filepath.Join(dir, "bench.json")
+	if err := writeJSON(p, recs); err != nil {
+		return nil, err
+	}
+	paths = append(paths, p)
+	var done []string
+	for _, r := range recs {
+		if slices.Contains(done, r.Suite) {
+			continue
+		}
+		done = append(done, r.Suite)
+		f, err := suiteFigure(recs, r.Suite, hardware)
+		if err != nil {
+			return paths, fmt.Errorf("plot %s: %w", r.Suite, err)
+		}
+		if f == nil {
+			continue
+		}
+		ps, err := f.write(dir)
+		paths = append(paths, ps...)
+		if err != nil {
+			return paths, err
+		}
+	}
+	return paths, nil
+}
+
+// hardware names the machine: CPU model, CPUs, kernel, load.
+func hardware() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	kernel := sys.KernelRelease()
+	load := "?"
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 1 {
+			load = f[0]
+		}
+	}
+	return fmt.Sprintf("%s, %d CPUs, Linux %s, %s, load %s", model, runtime.NumCPU(), kernel, runtime.Version(), load)
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
 }
 
 func chooseSuites(names []string) ([]*Suite, error) {

@@ -52,6 +52,7 @@ type ctlMsg struct {
 	Size     int    `json:"size,omitempty"`     // record size
 	Capacity int    `json:"capacity,omitempty"` // ring capacity
 	CPU      int    `json:"cpu"`                // CPU to pin the child's thread to; -1: none
+	Unpinned bool   `json:"unpinned,omitempty"` // run the command on no particular thread (CPU is ignored)
 	Addr     string `json:"addr,omitempty"`     // rdma: the address the child listens on
 	Err      string `json:"err,omitempty"`      // in "done": the child's failure
 	Preempt  int64  `json:"preempt,omitempty"`  // in "done": the child's preemptions
@@ -97,6 +98,22 @@ type peer struct {
 
 // startPeer starts this binary again as role, handing it segs.
 func startPeer(env *Env, role string, segs ...*shm.Segment) (*peer, error) {
+	var files []*os.File
+	for _, s := range segs {
+		f, err := s.File()
+		if err != nil {
+			closeFiles(files)
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	return startPeerFiles(env, role, files...)
+}
+
+// startPeerFiles starts this binary again as role; files become its fds 4,
+// 5, … and are closed here, the child having its copies (on failure too).
+func startPeerFiles(env *Env, role string, files ...*os.File) (*peer, error) {
+	defer closeFiles(files)
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
@@ -105,20 +122,8 @@ func startPeer(env *Env, role string, segs ...*shm.Segment) (*peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control socketpair: %w", err)
 	}
-	files := []*os.File{theirs}
-	defer func() {
-		for _, f := range files {
-			f.Close() // the child has its copies
-		}
-	}()
-	for _, s := range segs {
-		f, err := s.File()
-		if err != nil {
-			mine.Close()
-			return nil, err
-		}
-		files = append(files, f)
-	}
+	defer theirs.Close() // the child has its copy
+	files = append([]*os.File{theirs}, files...)
 	ctl, err := net.FileConn(mine)
 	mine.Close()
 	if err != nil {
@@ -292,6 +297,12 @@ func (p *peer) close() error {
 	return nil
 }
 
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
 // tailBuffer keeps the first max bytes written to it; safe for concurrent
 // use.
 type tailBuffer struct {
@@ -433,7 +444,12 @@ func (pc *peerConn) serve(do func(cmd ctlMsg) error) error {
 		if !ok {
 			return nil
 		}
-		err := pinned(cmd.CPU, func() error { return do(cmd) })
+		var err error
+		if cmd.Unpinned {
+			err = do(cmd)
+		} else {
+			err = pinned(cmd.CPU, func() error { return do(cmd) })
+		}
 		if derr := pc.done(err); derr != nil {
 			return fmt.Errorf("answer %s: %w", cmd.Op, derr)
 		}

@@ -23,6 +23,7 @@ func init() {
 		Name: "pin",
 		Doc:  "registration cache: register+deregister of a reused buffer, cached vs uncached",
 		Run:  runPin,
+		Rows: func(env *Env) int { return 2*len(pinSizes(env)) + 4 },
 	})
 	targets = append(targets,
 		target{"pin uncached 1MiB p50 / cached 1MiB p50",

@@ -35,6 +35,16 @@ func init() {
 		Name: "rdma",
 		Doc:  "emulated NIC: send/write/read latency and bandwidth (perftest cases), device memory and cross-memory",
 		Run:  runRDMA,
+		Rows: func(env *Env) int {
+			lat, bw := rdmaSizes(env)
+			sends := 0
+			for _, s := range bw {
+				if s <= rdmaRing/2-16 {
+					sends++
+				}
+			}
+			return 3*len(lat) + 2*len(bw) + sends + 2*len(lat) + 4*len(bw) // nic/shm, nic/cma and cma/raw
+		},
 	})
 	registerPeer("rdma", rdmaPeer)
 	// The nic issue's targets, as ratios within one run.
@@ -383,17 +393,19 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes,
 	}
 	for _, op := range []nic.Opcode{nic.OpWrite, nic.OpRead} {
 		for _, size := range bwSizes {
-			gbps, mps, err := s.bandwidth(env, op, src[:size], smr.LKey)
+			bw, err := chunked(env, func(d time.Duration) (float64, error) { return s.bandwidth(d, op, src[:size], smr.LKey) })
 			if err != nil {
 				return recs, err
 			}
-			recs = append(recs, env.Report(Result{Case: op.String()[5:] + "_bw", Transport: transport, Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+			recs = append(recs, env.Report(bwResult(op.String()[5:]+"_bw", transport, size, bw))...)
 		}
 	}
 	if mem == "cma" {
 		for _, write := range []bool{true, false} {
 			for _, size := range bwSizes {
-				gbps, mps, err := rawCMA(env, s.qp.PeerPID(), src[:size], s.peerAddr, write)
+				bw, err := chunked(env, func(d time.Duration) (float64, error) {
+					return rawCMA(d, s.qp.PeerPID(), src[:size], s.peerAddr, write)
+				})
 				if err != nil {
 					return recs, err
 				}
@@ -401,7 +413,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes,
 				if write {
 					cas = "write_bw"
 				}
-				recs = append(recs, env.Report(Result{Case: cas, Transport: "cma/raw", Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+				recs = append(recs, env.Report(bwResult(cas, "cma/raw", size, bw))...)
 			}
 		}
 	}
@@ -417,11 +429,11 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes,
 			if size > maxSend {
 				break
 			}
-			gbps, mps, err := s.sendBandwidth(env, src[:size], smr.LKey)
+			bw, err := chunked(env, func(d time.Duration) (float64, error) { return s.sendBandwidth(d, src[:size], smr.LKey) })
 			if err != nil {
 				return recs, err
 			}
-			recs = append(recs, env.Report(Result{Case: "send_bw", Transport: transport, Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+			recs = append(recs, env.Report(bwResult("send_bw", transport, size, bw))...)
 		}
 	}
 	return recs, ctx.Err()
@@ -438,9 +450,29 @@ func (s *rdmaSide) awaitDone() error {
 	return nil
 }
 
-// bandwidth keeps rdmaWindow one-sided operations in flight for the plan's
-// time.
-func (s *rdmaSide) bandwidth(env *Env, op nic.Opcode, local []byte, lkey uint32) (float64, float64, error) {
+// chunked measures a bandwidth in plan.bwChunks chunks of the plan's time,
+// each a complete measurement of its own.
+func chunked(env *Env, measure func(d time.Duration) (gbps float64, err error)) (bwSpread, error) {
+	k := max(1, env.plan.bwChunks)
+	var gbps []float64
+	for range k {
+		g, err := measure(env.plan.bwTime / time.Duration(k))
+		if err != nil {
+			return bwSpread{}, err
+		}
+		gbps = append(gbps, g)
+	}
+	return spreadOf(gbps), nil
+}
+
+// bwResult is the row of a bandwidth measured in chunks.
+func bwResult(cas, transport string, size int, bw bwSpread) Result {
+	return Result{Case: cas, Transport: transport, Size: size, HasBW: true,
+		BW: bw.P50, BWMin: bw.Min, BWMax: bw.Max, Rate: bw.P50 * 1e3 / float64(size)}
+}
+
+// bandwidth keeps rdmaWindow one-sided operations in flight for d.
+func (s *rdmaSide) bandwidth(d time.Duration, op nic.Opcode, local []byte, lkey uint32) (float64, error) {
 	wr := nic.SendWR{Op: op, Local: local, LKey: lkey, Remote: s.peerAddr, RKey: s.peerKey}
 	var n int64
 	inflight := 0
@@ -448,84 +480,84 @@ func (s *rdmaSide) bandwidth(env *Env, op nic.Opcode, local []byte, lkey uint32)
 	for {
 		for inflight < rdmaWindow {
 			if err := s.qp.PostSend(wr); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 			inflight++
 		}
 		k, err := s.scq.Wait(s.cbuf[:], time.Now().Add(30*time.Second))
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		for _, c := range s.cbuf[:k] {
 			if err := c.Err(); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 		}
 		inflight -= k
 		n += int64(k)
-		if time.Since(start) > env.plan.bwTime {
+		if time.Since(start) > d {
 			break
 		}
 	}
 	if err := s.waitSend(inflight); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	n += int64(inflight)
-	gbps, mps := throughput(len(local), n, time.Since(start))
-	return gbps, mps, nil
+	gbps, _ := throughput(len(local), n, time.Since(start))
+	return gbps, nil
 }
 
 // sendBandwidth streams sends; the peer acknowledges the count at the end.
-func (s *rdmaSide) sendBandwidth(env *Env, local []byte, lkey uint32) (float64, float64, error) {
+func (s *rdmaSide) sendBandwidth(d time.Duration, local []byte, lkey uint32) (float64, error) {
 	if err := s.command(rcSendBW, uint32(len(local)), 0); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	wr := nic.SendWR{Op: nic.OpSend, Local: local, LKey: lkey}
 	var n int64
 	inflight := 0
 	start := time.Now()
-	for time.Since(start) < env.plan.bwTime {
+	for time.Since(start) < d {
 		for inflight < rdmaWindow {
 			if err := s.qp.PostSend(wr); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 			inflight++
 			n++
 		}
 		k, err := s.scq.Wait(s.cbuf[:], time.Now().Add(30*time.Second))
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		for _, c := range s.cbuf[:k] {
 			if err := c.Err(); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 		}
 		inflight -= k
 	}
 	if err := s.waitSend(inflight); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	if err := s.send(nil); err != nil { // end of the stream
-		return 0, 0, err
+		return 0, err
 	}
 	m, err := s.recv()
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
-	d := time.Since(start)
+	took := time.Since(start)
 	if len(m) != 16 || binary.LittleEndian.Uint64(m[8:]) != uint64(n) {
-		return 0, 0, fmt.Errorf("peer received %d of %d sends", binary.LittleEndian.Uint64(m[8:]), n)
+		return 0, fmt.Errorf("peer received %d of %d sends", binary.LittleEndian.Uint64(m[8:]), n)
 	}
-	gbps, mps := throughput(len(local), n, d)
-	return gbps, mps, nil
+	gbps, _ := throughput(len(local), n, took)
+	return gbps, nil
 }
 
 // rawCMA is the floor of nic/cma: process_vm_writev/readv in a loop.
-func rawCMA(env *Env, pid int, local []byte, raddr uint64, write bool) (float64, float64, error) {
+func rawCMA(d time.Duration, pid int, local []byte, raddr uint64, write bool) (float64, error) {
 	var n int64
 	start := time.Now()
-	for n == 0 || time.Since(start) < env.plan.bwTime {
+	for n == 0 || time.Since(start) < d {
 		var err error
 		if write {
 			_, err = sys.ProcessVMWritev(pid, local, uintptr(raddr))
@@ -533,12 +565,12 @@ func rawCMA(env *Env, pid int, local []byte, raddr uint64, write bool) (float64,
 			_, err = sys.ProcessVMReadv(pid, local, uintptr(raddr))
 		}
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		n++
 	}
-	gbps, mps := throughput(len(local), n, time.Since(start))
-	return gbps, mps, nil
+	gbps, _ := throughput(len(local), n, time.Since(start))
+	return gbps, nil
 }
 
 // rdmaPeer serves one connection per command: it listens, accepts, swaps

@@ -26,6 +26,9 @@ func init() {
 		Name: "ring",
 		Doc:  "shm ring ping-pong (busy-poll, block) and one-way streaming between two processes",
 		Run:  runRing,
+		Rows: func(env *Env) int {
+			return len(env.plan.pingSizes) + len(env.plan.blockSizes) + len(env.plan.streamSizes)
+		},
 	})
 	registerPeer("ring", ringPeer)
 }
@@ -107,12 +110,12 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 		if err := ctx.Err(); err != nil {
 			return recs, err
 		}
-		n, d, err := ringStream(ctx, env, p, rr, shm.WaitBusyPoll, size)
+		bw, err := ringStream(ctx, env, p, rr, shm.WaitBusyPoll, size)
 		if err != nil {
 			return recs, fmt.Errorf("stream %d B: %w", size, err)
 		}
-		gbps, mps := throughput(size, n, d)
-		recs = append(recs, env.Report(Result{Case: "stream", Transport: "ring/busy", Size: size, BW: gbps, Rate: mps, HasBW: true})...)
+		recs = append(recs, env.Report(Result{Case: "stream", Transport: "ring/busy", Size: size, HasBW: true,
+			BW: bw.P50, BWMin: bw.Min, BWMax: bw.Max, Rate: bw.P50 * 1e3 / float64(size)})...)
 	}
 	return recs, nil
 }
@@ -187,12 +190,13 @@ func ringRT(pa *shm.Producer, cb *shm.Consumer, msg []byte) error {
 	return nil
 }
 
-// ringStream streams size-byte records for the plan's time and returns how
-// many the peer acknowledged and how long that took.
-func ringStream(ctx context.Context, env *Env, p *peer, rr ringRegions, mode shm.WaitMode, size int) (n int64, d time.Duration, err error) {
+// ringStream streams size-byte records for the plan's time, in
+// plan.bwChunks chunks each ended by the peer's acknowledgement, and
+// returns the spread of the chunks' bandwidths.
+func ringStream(ctx context.Context, env *Env, p *peer, rr ringRegions, mode shm.WaitMode, size int) (bw bwSpread, err error) {
 	pa, cb, err := attachParent(rr, streamCap, ackCap, mode)
 	if err != nil {
-		return 0, 0, err
+		return bw, err
 	}
 	src := make([]byte, size)
 	for i := range src {
@@ -216,21 +220,28 @@ func ringStream(ctx context.Context, env *Env, p *peer, rr ringRegions, mode shm
 			if err := streamSync(pa, cb, warm); err != nil {
 				return fmt.Errorf("warm-up: %w", err)
 			}
-			start := time.Now()
-			for n == 0 || n%check != 0 || time.Since(start) < env.plan.bwTime {
-				if err := pa.Write(tagData, src, time.Time{}); err != nil {
+			per := env.plan.bwTime / time.Duration(max(1, env.plan.bwChunks))
+			var gbps []float64
+			for range max(1, env.plan.bwChunks) {
+				start := time.Now()
+				n := int64(0)
+				for n == 0 || n%check != 0 || time.Since(start) < per {
+					if err := pa.Write(tagData, src, time.Time{}); err != nil {
+						return err
+					}
+					n++
+				}
+				if err := streamSync(pa, cb, n); err != nil {
 					return err
 				}
-				n++
+				g, _ := throughput(size, n, time.Since(start))
+				gbps = append(gbps, g)
 			}
-			if err := streamSync(pa, cb, n); err != nil {
-				return err
-			}
-			d = time.Since(start)
+			bw = spreadOf(gbps)
 			return pa.Write(tagStop, nil, time.Time{})
 		})
 	})
-	return n, d, err
+	return bw, err
 }
 
 // streamSync asks the peer how many data records it has seen since the last

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"strings"
 	"time"
 
@@ -19,6 +18,9 @@ type Suite struct {
 	Name string // as given on the command line; also Record.Suite
 	Doc  string // one line for -h
 	Run  func(ctx context.Context, env *Env) ([]Record, error)
+	// Rows is how many rows Run will report in env's plan (Env.Report and
+	// Env.step calls), for the progress bar; nil: unknown.
+	Rows func(env *Env) int
 }
 
 var suites []*Suite // in registration order (file name order)
@@ -58,8 +60,11 @@ const (
 	metricLatP50  = "lat_p50_ns"  // half round trip, median
 	metricLatP99  = "lat_p99_ns"  // half round trip, 99th percentile
 	metricLatP999 = "lat_p999_ns" // half round trip, 99.9th percentile
-	metricBW      = "bw_gbps"     // payload bytes per second / 1e9
-	metricRate    = "rate_mps"    // messages per second / 1e6
+	metricBW      = "bw_gbps"     // payload bytes per second / 1e9; the median chunk where measured in chunks
+	metricBWMin   = "bw_min_gbps" // the slowest chunk (or batch) of a bandwidth measurement
+	metricBWMax   = "bw_max_gbps" // the fastest chunk
+	metricRate    = "rate_mps"    // messages per second / 1e6, at bw_gbps
+	metricMem     = "mem_bytes"   // memory, bytes (conn: per idle connection)
 )
 
 // Result is one row of a table: the latency and/or throughput of one case,
@@ -70,9 +75,11 @@ type Result struct {
 	Size      int
 	Lat       *Latency // nil: not a latency measurement
 	HasBW     bool     // BW and Rate were measured
-	BW        float64  // GB/s (1e9 bytes/s)
-	Rate      float64  // million messages/s
-	Preempted int64    // involuntary context switches of the measuring threads; set by Report
+	BW        float64  // GB/s (1e9 bytes/s); the median when measured in chunks
+	BWMin     float64  // the slowest and the fastest chunk; 0: one measurement
+	BWMax     float64
+	Rate      float64 // million messages/s
+	Preempted int64   // involuntary context switches of the measuring threads; set by Report unless < 0 (not counted)
 }
 
 // Env is what a suite gets: the run's options and its output. It is used by
@@ -82,9 +89,10 @@ type Env struct {
 	out      io.Writer
 	quick    bool
 	plan     plan
-	cpus     [2]int // measuring CPU of this process and of the peer; -1: unpinned
-	suite    string // the suite running now
-	preempts int64  // the most preemptions of measuring threads in one row so far
+	cpus     [2]int       // measuring CPU of this process and of the peer; -1: unpinned
+	suite    string       // the suite running now
+	preempts int64        // the most preemptions of measuring threads in one row so far
+	progress *progressBar // nil: none
 }
 
 func newEnv(ctx context.Context, out io.Writer, quick, pin bool) (*Env, error) {
@@ -125,8 +133,8 @@ func (e *Env) describe() string {
 			load = strings.Join(f[:3], " ")
 		}
 	}
-	return fmt.Sprintf("%s run, %s, %d CPUs, %s, load %s, clock read %v, %s", mode, runtime.Version(),
-		runtime.NumCPU(), pin, load, clockCost(), time.Now().Format(time.RFC3339))
+	return fmt.Sprintf("%s run, %s, load %s, clock read %v, %s", mode, pin, load, clockCost(),
+		time.Now().Format(time.RFC3339))
 }
 
 // clockCost is the least time between two clock reads as the sampler makes
@@ -146,8 +154,10 @@ func clockCost() time.Duration {
 // Report prints r as a table row and returns its records. The row shows
 // how often the measuring threads were preempted since the previous Report.
 func (e *Env) Report(r Result) []Record {
-	r.Preempted = preempted.Swap(0)
-	e.preempts = max(e.preempts, r.Preempted)
+	if n := preempted.Swap(0); r.Preempted >= 0 {
+		r.Preempted = n
+		e.preempts = max(e.preempts, n)
+	}
 	printRow(e.out, r)
 	rec := func(metric string, v float64) Record {
 		return Record{Suite: e.suite, Case: r.Case, Transport: r.Transport, Size: r.Size, Metric: metric, Value: v}
@@ -161,9 +171,21 @@ func (e *Env) Report(r Result) []Record {
 			rec(metricLatP999, r.Lat.P999))
 	}
 	if r.HasBW {
-		out = append(out, rec(metricBW, r.BW), rec(metricRate, r.Rate))
+		out = append(out, rec(metricBW, r.BW))
+		if r.BWMax > 0 {
+			out = append(out, rec(metricBWMin, r.BWMin), rec(metricBWMax, r.BWMax))
+		}
+		out = append(out, rec(metricRate, r.Rate))
 	}
+	e.step(r.Case + " " + r.Transport + " " + fsize(r.Size))
 	return out
+}
+
+// step advances the progress bar by one row; label says what was measured.
+func (e *Env) step(label string) {
+	if e.progress != nil {
+		e.progress.step(e.suite, label)
+	}
 }
 
 // plan is how long and over which sizes the suites measure.
@@ -175,11 +197,15 @@ type plan struct {
 	blockMax  int
 	blockTime time.Duration
 	bwTime    time.Duration // per size, throughput
+	bwChunks  int           // conn streaming: chunks per size (the spread)
 
 	pingSizes   []int // ring ping-pong, busy
 	blockSizes  []int // ring ping-pong, block
 	streamSizes []int // ring streaming
 	copySizes   []int // memcpy
+
+	connPingSizes   []int // conn ping-pong, every transport
+	connStreamSizes []int // conn streaming
 }
 
 // testTiny shrinks every run to a few milliseconds; set by tests only.
@@ -207,6 +233,10 @@ func fullPlan() plan {
 		blockSizes:  pow2Sizes(8, 64*kiB, 2),
 		streamSizes: pow2Sizes(64, miB, 4),
 		copySizes:   pow2Sizes(4*kiB, 256*miB, 4),
+		bwChunks:    5,
+
+		connPingSizes:   []int{8, 64, 512, 4 * kiB, 32 * kiB, 256 * kiB, miB, 4 * miB, 16 * miB},
+		connStreamSizes: []int{8, 64, 512, 4 * kiB, 32 * kiB, 256 * kiB, miB, 4 * miB, 16 * miB},
 	}
 }
 
@@ -219,6 +249,10 @@ func quickPlan() plan {
 		blockSizes:  []int{8, 4 * kiB, 64 * kiB},
 		streamSizes: []int{64, kiB, 16 * kiB, 64 * kiB, miB},
 		copySizes:   []int{4 * kiB, 64 * kiB, miB, 16 * miB, 256 * miB},
+		bwChunks:    3,
+
+		connPingSizes:   []int{8, 64, 4 * kiB, 64 * kiB, miB},
+		connStreamSizes: []int{64, 4 * kiB, 64 * kiB, miB, 16 * miB},
 	}
 }
 
@@ -231,5 +265,9 @@ func tinyPlan() plan {
 		blockSizes:  []int{8},
 		streamSizes: []int{64, 64 * kiB},
 		copySizes:   []int{4 * kiB, 64 * kiB},
+		bwChunks:    2,
+
+		connPingSizes:   []int{8, 64 * kiB},
+		connStreamSizes: []int{64, 64 * kiB},
 	}
 }

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRunConn runs the conn suite end to end in its tiny plan: every
+// transport between two real processes, shmipc-go when its module builds
+// here, memory per idle connection, and the report files.
+func TestRunConn(t *testing.T) {
+	tiny(t)
+	dir := t.TempDir()
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := run(ctx, &out, []string{"-quick", "-out", dir, "conn"}); err != nil {
+		t.Fatalf("run: %v\noutput:\n%s", err, out.String())
+	}
+	t.Logf("output:\n%s", out.String())
+	b, err := os.ReadFile(filepath.Join(dir, "bench.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []Record
+	if err := json.Unmarshal(b, &recs); err != nil {
+		t.Fatal(err)
+	}
+	got := map[recordKey]float64{}
+	for _, r := range recs {
+		got[recordKey{r.Suite, r.Case, r.Transport, r.Size, r.Metric}] = r.Value
+	}
+	transports := []string{}
+	for _, tr := range connTransports {
+		transports = append(transports, tr.name)
+	}
+	if !strings.Contains(out.String(), "shmipc skipped") {
+		transports = append(transports, "shmipc")
+	} else {
+		t.Logf("shmipc-go not measured: %s", grepLine(out.String(), "shmipc skipped"))
+	}
+	for _, tr := range transports {
+		for _, size := range []int{8, 64 * kiB} {
+			if v := got[recordKey{"conn", "pingpong", tr, size, metricLatP50}]; !(v > 0) {
+				t.Errorf("%s pingpong %s p50 = %v", tr, fsize(size), v)
+			}
+		}
+		for _, size := range []int{64, 64 * kiB} {
+			k := recordKey{"conn", "stream", tr, size, metricBW}
+			bw := got[k]
+			k.metric = metricBWMin
+			lo := got[k]
+			k.metric = metricBWMax
+			hi := got[k]
+			if !(bw > 0 && lo <= bw && bw <= hi) {
+				t.Errorf("%s stream %s: GB/s %v, range %v-%v", tr, fsize(size), bw, lo, hi)
+			}
+		}
+	}
+	if v := got[recordKey{"conn", "idle", connIdleTransport, 0, metricMem}]; !(v > 0) {
+		t.Errorf("idle connection memory = %v", v)
+	}
+	for _, name := range []string{"bench.json", "conn.svg", "conn.png"} {
+		if !strings.Contains(out.String(), filepath.Join(dir, name)) {
+			t.Errorf("output does not name report file %s", name)
+		}
+	}
+	checkPNG(t, filepath.Join(dir, "conn.png"))
+}
+
+func grepLine(text, s string) string {
+	for line := range strings.Lines(text) {
+		if strings.Contains(line, s) {
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
+}
+
+func checkPNG(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if b := img.Bounds(); b.Dx() < 600 || b.Dy() < 400 {
+		t.Errorf("%s is %dx%d", path, b.Dx(), b.Dy())
+	}
+}
+
+// The shmipc-go module builds wherever its dependencies can be had: a
+// compile error fails; a missing network for the first download skips.
+func TestShmipcModuleBuilds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a module")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), shmipcBuildMax)
+	defer cancel()
+	_, err := buildShmipc(ctx, t.TempDir())
+	if err == nil {
+		return
+	}
+	msg := err.Error()
+	for _, s := range []string{"dial tcp", "lookup ", "proxy", "connection refused", "i/o timeout", "no go command", "not found (tried"} {
+		if strings.Contains(msg, s) {
+			t.Skipf("shmipc-go cannot be had here: %v", err)
+		}
+	}
+	t.Fatal(err)
+}
+
+func TestShmipcSkippedByEnv(t *testing.T) {
+	t.Setenv(envShmipc, "0")
+	if _, err := shmipcDir(); !errors.Is(err, errShmipcSkipped) {
+		t.Fatalf("shmipcDir with %s=0: %v", envShmipc, err)
+	}
+}
+
+// The report draws what it is given: several suites, cases and spreads,
+// floors as references, one figure per suite in both formats.
+func TestReport(t *testing.T) {
+	var recs []Record
+	add := func(suite, cas, tr string, size int, m string, v float64) {
+		recs = append(recs, Record{suite, cas, tr, size, m, v})
+	}
+	add("floor", "pingpong", "cacheline", 8, metricLatP50, 60)
+	add("floor", "pingpong", "futex", 4, metricLatP50, 11000)
+	for _, size := range []int{4 * kiB, miB, 16 * miB} {
+		add("floor", "copy", "memcpy", size, metricBW, 20)
+		add("floor", "copy", "memcpy", size, metricBWMin, 18)
+		add("floor", "copy", "memcpy", size, metricBWMax, 22)
+	}
+	for i, tr := range []string{"unix", "sockets/busy", "shmipc"} {
+		for _, size := range []int{8, 4 * kiB, miB} {
+			v := float64(1000*(i+1) + size/100)
+			add("conn", "pingpong", tr, size, metricLatMin, v*0.8)
+			add("conn", "pingpong", tr, size, metricLatP50, v)
+			add("conn", "pingpong", tr, size, metricLatP99, v*3)
+			add("conn", "pingpong", tr, size, metricLatP999, v*9)
+			add("conn", "stream", tr, size, metricBW, float64(size)/1e5)
+			add("conn", "stream", tr, size, metricBWMin, float64(size)/1.2e5)
+			add("conn", "stream", tr, size, metricBWMax, float64(size)/0.9e5)
+		}
+	}
+	add("conn", "idle", connIdleTransport, 0, metricMem, 200*kiB)
+	dir := t.TempDir()
+	paths, err := writeReport(dir, recs, "Test CPU, 2 CPUs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"bench.json", "floor.svg", "floor.png", "conn.svg", "conn.png"}
+	if len(paths) != len(want) {
+		t.Fatalf("wrote %v, want %v", paths, want)
+	}
+	for i, w := range want {
+		if paths[i] != filepath.Join(dir, w) {
+			t.Errorf("path %d = %s, want %s", i, paths[i], w)
+		}
+	}
+	checkPNG(t, filepath.Join(dir, "conn.png"))
+	svg, err := os.ReadFile(filepath.Join(dir, "conn.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"sockets/busy", "shmipc", "Test CPU, 2 CPUs", "floor: single-core copy()",
+		"floor: cache-line hand-off", "message size (bytes)", "GB/s"} {
+		if !bytes.Contains(svg, []byte(s)) {
+			t.Errorf("conn.svg lacks %q", s)
+		}
+	}
+}
+
+func TestProgressBar(t *testing.T) {
+	var term, out bytes.Buffer
+	p := newProgressBar(&term, 4)
+	w := p.writer(&out)
+	p.step("conn", "pingpong unix 8B")
+	w.Write([]byte("a row\n"))
+	p.step("conn", "pingpong unix 64B")
+	p.stop()
+	if out.String() != "a row\n" {
+		t.Errorf("table output %q", out.String())
+	}
+	s := term.String()
+	for _, want := range []string{"] 1/4 rows  conn: pingpong unix 8B", "] 2/4 rows  conn: pingpong unix 64B", "\r\x1b[K"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("bar output %q lacks %q", s, want)
+		}
+	}
+	if !strings.HasSuffix(s, "\r\x1b[K") {
+		t.Errorf("bar not cleared at the end: %q", s)
+	}
+}
