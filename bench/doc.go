@@ -42,7 +42,9 @@
 // and for each suite a figure, SUITE.svg and SUITE.png: latency (median,
 // bars from min to p99) and bandwidth (bars over the chunks) against
 // message size, log-log, one line per transport, the floors as dashed
-// references, the hardware in the title. The paths are printed at the end.
+// references, the hardware in the title. The paths are printed at the end,
+// after a side-by-side table of the conn suite's headline numbers (one row
+// per transport, the floors under it) and the targets.
 // On a terminal, a progress bar on stderr shows the rows done and to come.
 //
 // Every number becomes one record (also written with -json FILE):

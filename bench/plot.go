@@ -46,7 +46,7 @@ var (
 	latencyPanel = panelKind{metricLatP50, metricLatMin, metricLatP99,
 		"latency: half round trip, median (bars: min to p99)", "half round trip", timeTicks}
 	bandwidthPanel = panelKind{metricBW, metricBWMin, metricBWMax,
-		"bandwidth (bars: slowest to fastest chunk)", "GB/s (10⁹ bytes/s)", gbpsTicks}
+		"bandwidth, one way (bars: slowest to fastest chunk)", "GB/s", gbpsTicks}
 )
 
 // collectSeries returns the series of suite for kind: one per case and
@@ -204,6 +204,7 @@ func newPanel(kind panelKind, ss, refs []*series, add func(string, ...plot.Thumb
 	p.Y.Label.Text = kind.yLabel
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	p.X.Tick.Marker = plot.TickerFunc(sizeTicks)
+	p.X.Tick.Label.Font.Size = vg.Points(8.5)
 	p.Y.Tick.Marker = plot.TickerFunc(kind.yTicks)
 	p.Add(plotter.NewGrid())
 
@@ -218,13 +219,7 @@ func newPanel(kind panelKind, ss, refs []*series, add func(string, ...plot.Thumb
 	if math.IsInf(xmin, 0) {
 		return nil, nil
 	}
-	for _, r := range refs {
-		for _, y := range r.y {
-			ymin, ymax = min(ymin, y), max(ymax, y)
-		}
-	}
-	p.X.Min, p.X.Max = xmin/1.6, xmax*1.6
-	p.Y.Min, p.Y.Max = ymin/1.8, ymax*1.8
+	xlo, xhi := xmin/1.6, xmax*1.6
 
 	for i, s := range ss {
 		ls, gs := style(s, i)
@@ -257,9 +252,19 @@ func newPanel(kind panelKind, ss, refs []*series, add func(string, ...plot.Thumb
 		var line *plotter.Line
 		var err error
 		if len(r.x) == 0 { // one number: a horizontal line across the panel
-			line, err = plotter.NewLine(plotter.XYs{{X: p.X.Min, Y: r.y[0]}, {X: p.X.Max, Y: r.y[0]}})
+			line, err = plotter.NewLine(plotter.XYs{{X: xlo, Y: r.y[0]}, {X: xhi, Y: r.y[0]}})
 		} else {
-			line, err = plotter.NewLine(xy{r, 1})
+			// The curve where the panel has sizes, one point beyond.
+			var pts plotter.XYs
+			for i, x := range r.x {
+				if x >= xlo/4 && x <= xhi*4 {
+					pts = append(pts, plotter.XY{X: x, Y: r.y[i]})
+				}
+			}
+			if len(pts) == 0 {
+				continue
+			}
+			line, err = plotter.NewLine(pts)
 		}
 		if err != nil {
 			return nil, err
@@ -267,7 +272,15 @@ func newPanel(kind panelKind, ss, refs []*series, add func(string, ...plot.Thumb
 		line.LineStyle = ls
 		p.Add(line)
 		add(r.name, line)
+		for _, y := range line.XYs {
+			if y.X >= xlo && y.X <= xhi {
+				ymin, ymax = min(ymin, y.Y), max(ymax, y.Y)
+			}
+		}
 	}
+	// After the plotters: Add widens the axes to all their data.
+	p.X.Min, p.X.Max = xlo, xhi
+	p.Y.Min, p.Y.Max = ymin/1.8, ymax*1.8
 	return p, nil
 }
 
@@ -395,8 +408,8 @@ func writeTo(path string, w interface {
 
 // ---- ticks ----
 
-// sizeTicks marks every power of two, labelled at powers of eight and at
-// 1 KiB and 1 MiB.
+// sizeTicks marks every power of two, labelled at the even ones (4, 16,
+// 64, …, 1K, …).
 func sizeTicks(lo, hi float64) []plot.Tick {
 	var ts []plot.Tick
 	for e := 0; e <= 40; e++ {
@@ -405,7 +418,7 @@ func sizeTicks(lo, hi float64) []plot.Tick {
 			continue
 		}
 		t := plot.Tick{Value: v}
-		if e%3 == 0 || e == 10 || e == 20 {
+		if e%2 == 0 {
 			t.Label = shortSize(int(v))
 		}
 		ts = append(ts, t)
@@ -424,9 +437,10 @@ func shortSize(n int) string {
 }
 
 // decadeTicks marks 1, 2 and 5 of every decade, labelling the decades
-// with label.
+// with label (and 2 and 5 too on a range of two decades or less).
 func decadeTicks(lo, hi float64, label func(float64) string) []plot.Tick {
 	var ts []plot.Tick
+	all := hi/lo <= 150
 	for e := int(math.Floor(math.Log10(lo))); e <= int(math.Ceil(math.Log10(hi))); e++ {
 		d := math.Pow10(e)
 		for _, m := range []float64{1, 2, 5} {
@@ -435,7 +449,7 @@ func decadeTicks(lo, hi float64, label func(float64) string) []plot.Tick {
 				continue
 			}
 			t := plot.Tick{Value: v}
-			if m == 1 {
+			if m == 1 || all {
 				t.Label = label(v)
 			}
 			ts = append(ts, t)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -180,4 +181,123 @@ func writeJSON(path string, recs []Record) error {
 		return fmt.Errorf("write results: %w", err)
 	}
 	return nil
+}
+
+// printSideBySide prints the conn suite's headline numbers, one row per
+// transport, our transport first, and the floors under them: half round
+// trips (median and p99) of small, medium and large messages, streaming
+// bandwidth (median chunk and the range). Nothing without conn records.
+func printSideBySide(w io.Writer, recs []Record) {
+	get := func(suite, cas, transport string, size int, metric string) (float64, bool) {
+		for _, r := range recs {
+			if r.Suite == suite && r.Case == cas && r.Transport == transport && r.Size == size && r.Metric == metric {
+				return r.Value, true
+			}
+		}
+		return 0, false
+	}
+	var transports []string
+	for _, r := range recs {
+		if r.Suite == "conn" && r.Case != "idle" && !slices.Contains(transports, r.Transport) {
+			transports = append(transports, r.Transport)
+		}
+	}
+	if len(transports) == 0 {
+		return
+	}
+	// Ours first, then the others in the order they ran.
+	slices.SortStableFunc(transports, func(a, b string) int {
+		oa, ob := strings.HasPrefix(a, "sockets/"), strings.HasPrefix(b, "sockets/")
+		switch {
+		case oa && !ob:
+			return -1
+		case ob && !oa:
+			return 1
+		}
+		return 0
+	})
+	latSizes := []int{64, 4 * kiB, miB}
+	bwSizes := []int{64 * kiB, miB, 16 * miB}
+	const cell = "%-20s"
+	fmt.Fprintf(w, "\n--- side by side: conn %s\n", strings.Repeat("-", 62))
+	fmt.Fprintf(w, "%-14s", "")
+	for _, s := range latSizes {
+		fmt.Fprintf(w, cell, fsize(s)+" half RTT")
+	}
+	for _, s := range bwSizes {
+		fmt.Fprintf(w, cell, fsize(s)+" stream")
+	}
+	fmt.Fprintf(w, "\n%-14s", "transport")
+	for range latSizes {
+		fmt.Fprintf(w, cell, "µs p50 (p99)")
+	}
+	for range bwSizes {
+		fmt.Fprintf(w, cell, "GB/s (range)")
+	}
+	fmt.Fprintln(w)
+	us := func(ns float64) string { return f3(ns / 1e3) }
+	for _, t := range transports {
+		fmt.Fprintf(w, "%-14s", t)
+		for _, s := range latSizes {
+			p50, ok1 := get("conn", "pingpong", t, s, metricLatP50)
+			p99, ok2 := get("conn", "pingpong", t, s, metricLatP99)
+			c := "-"
+			if ok1 && ok2 {
+				c = us(p50) + " (" + us(p99) + ")"
+			}
+			fmt.Fprintf(w, cell, c)
+		}
+		for _, s := range bwSizes {
+			bw, ok := get("conn", "stream", t, s, metricBW)
+			lo, ok1 := get("conn", "stream", t, s, metricBWMin)
+			hi, ok2 := get("conn", "stream", t, s, metricBWMax)
+			c := "-"
+			if ok {
+				c = f3(bw)
+				if ok1 && ok2 {
+					c += " (" + f3(lo) + "-" + f3(hi) + ")"
+				}
+			}
+			fmt.Fprintf(w, cell, c)
+		}
+		fmt.Fprintln(w)
+	}
+	var floors []string
+	for _, f := range []struct{ transport, name string }{
+		{"cacheline", "cache-line hand-off"}, {"futex", "futex wake-up pinned"}, {"futex/unpinned", "unpinned"},
+	} {
+		for _, k := range []string{f.transport} {
+			size := 8
+			if k != "cacheline" {
+				size = 4
+			}
+			p50, ok1 := get("floor", "pingpong", k, size, metricLatP50)
+			p99, ok2 := get("floor", "pingpong", k, size, metricLatP99)
+			if ok1 && ok2 {
+				floors = append(floors, fmt.Sprintf("%s %s (%s) µs", f.name, us(p50), us(p99)))
+			}
+		}
+	}
+	for _, s := range bwSizes {
+		if bw, ok := get("floor", "copy", "memcpy", s, metricBW); ok {
+			floors = append(floors, fmt.Sprintf("copy() %s %s GB/s", fsize(s), f3(bw)))
+		}
+		if bw, ok := get("rdma", "read_bw", "cma/raw", s, metricBW); ok {
+			floors = append(floors, fmt.Sprintf("process_vm_readv %s %s GB/s", fsize(s), f3(bw)))
+		}
+	}
+	if len(floors) > 0 {
+		fmt.Fprintf(w, "floors: %s\n", strings.Join(floors, "; "))
+	}
+	if v, ok := get("conn", "idle", connIdleTransport, 0, metricMem); ok {
+		fmt.Fprintf(w, "memory per idle connection of ours: %s KiB (both ends)\n", f3(v/kiB))
+	}
+}
+
+// f3 prints three significant digits (at least the integer part).
+func f3(v float64) string {
+	if v >= 100 || v <= 0 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return strconv.FormatFloat(v, 'f', 2-int(math.Floor(math.Log10(v))), 64)
 }

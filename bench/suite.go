@@ -235,8 +235,8 @@ func fullPlan() plan {
 		copySizes:   pow2Sizes(4*kiB, 256*miB, 4),
 		bwChunks:    5,
 
-		connPingSizes:   []int{8, 64, 512, 4 * kiB, 32 * kiB, 256 * kiB, miB, 4 * miB, 16 * miB},
-		connStreamSizes: []int{8, 64, 512, 4 * kiB, 32 * kiB, 256 * kiB, miB, 4 * miB, 16 * miB},
+		connPingSizes:   []int{8, 64, 512, 4 * kiB, 16 * kiB, 64 * kiB, 256 * kiB, miB, 4 * miB, 16 * miB},
+		connStreamSizes: []int{8, 64, 512, 4 * kiB, 16 * kiB, 64 * kiB, 256 * kiB, miB, 4 * miB, 16 * miB},
 	}
 }
 

@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
-# The main job: builds the benchmark harness and runs every suite in quick
-# mode, two real processes per measurement, printing the side-by-side table
-# and writing the JSON report. Usage: scripts/demo.sh [bench flags...]
+# The main job: builds sandirect's benchmark harness and runs every suite in
+# quick mode (a minute or two), two real processes per measurement: our
+# transport (sockets/busy, sockets/block, sockets/tcp) side by side with a
+# Unix socket, TCP loopback, a pipe, cloudwego/shmipc-go and the floors
+# (cache-line and futex round trips, single-core copy, raw
+# process_vm_readv/writev). It prints the tables, the targets and the paths
+# of the report: sandirect-report/ in the current directory (bench.json and
+# a plot per suite, SVG and PNG).
+#
+#   scripts/demo.sh [bench flags] [SUITE...]     e.g. -out /tmp/r, conn, -h
+#
+# Needs Go 1.26 (PATH, or /usr/local/go/bin) and, the first time, the Go
+# module proxy for the dependencies. Run as root for the eBPF monitor of the
+# pin suite (it says why it skips otherwise).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+root=$(cd "$(dirname "$0")/.." && pwd)
 export PATH="$PATH:/usr/local/go/bin"
-go mod download
-mkdir -p sandirect-report
-go run ./bench -quick -json sandirect-report/bench.json "$@"
-echo "report: $(pwd)/sandirect-report/bench.json"
+if ! command -v go >/dev/null; then
+	echo "demo: no go command: install Go 1.26 (https://go.dev/dl/)" >&2
+	exit 1
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo "# building the benchmark harness ($(go version | cut -d' ' -f3))" >&2
+go build -C "$root" -o "$tmp/bench" ./bench
+# The conn suite builds shmipc-go's module (bench/shmipc) itself.
+export SANDIRECT_BENCH_SHMIPC="${SANDIRECT_BENCH_SHMIPC:-$root/bench/shmipc}"
+"$tmp/bench" -quick "$@"
