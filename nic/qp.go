@@ -199,7 +199,9 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 			// peer makes progress (RNR).
 			op.rnrSince, op.rnrHead = time.Now(), qp.out.Released()
 		}
-		return qp.enqueueLocked(&op)
+		queued := new(sendOp) // op itself stays on the stack on the fast path
+		*queued = op
+		return qp.enqueueLocked(queued)
 	}
 	return qp.enqueueLocked(&sendOp{wr: wr})
 }

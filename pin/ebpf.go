@@ -1,7 +1,6 @@
 package pin
 
 import (
-	"errors"
 	"os"
 	"sync/atomic"
 	"time"
@@ -55,17 +54,31 @@ func startEBPF(int) (monitor, error) {
 	return e, nil
 }
 
-// watchRing tells the cache's drain loop when events wait in the ring, so
-// the backlog stays short even when nobody registers.
+// drainPeriod is how often the background drain looks for events that no
+// lookup has applied yet.
+const drainPeriod = 20 * time.Millisecond
+
+// watchRing tells the cache's drain loop, every drainPeriod, when events
+// wait in the ring, so the backlog stays short even when nobody registers.
+// It polls the epoch instead of sleeping on the ring buffer: a wake-up per
+// event would take a CPU from busy-polling threads each time the Go
+// runtime returns memory near a registration, and lookups drain
+// synchronously anyway (one atomic load tells them to).
 func (e *ebpfMon) watchRing() {
 	defer close(e.done)
+	t := time.NewTicker(drainPeriod)
+	defer t.Stop()
 	for {
-		err := e.m.Wait(time.Time{})
-		if errors.Is(err, bpfmon.ErrClosed) {
-			return
-		}
 		select {
-		case e.note <- struct{}{}:
+		case <-t.C:
+			if e.m.Epoch() == e.m.Synced() {
+				continue
+			}
+			select {
+			case e.note <- struct{}{}:
+			case <-e.stop:
+				return
+			}
 		case <-e.stop:
 			return
 		}

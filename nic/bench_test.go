@@ -1,0 +1,48 @@
+package nic
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/shm"
+)
+
+// BenchmarkSendPingPong is an 8-byte send ping-pong between two devices of
+// this process (two goroutines, busy polling): the code path of send_lat.
+func BenchmarkSendPingPong(b *testing.B) {
+	cfg := DefaultConfig()
+	cfg.Wait = shm.WaitConfig{Mode: shm.WaitBusyPoll}
+	a, p := pair(b, &cfg, &cfg)
+	bufA, bufB := make([]byte, 64), make([]byte, 64)
+	mrA, mrB := register(b, a.d, bufA, AccessLocalWrite), register(b, p.d, bufB, AccessLocalWrite)
+	msg := make([]byte, 8)
+	stop := make(chan struct{})
+	go func() { // echo
+		var c [4]Completion
+		for {
+			p.qp.PostRecv(RecvWR{Buf: bufB, LKey: mrB.LKey})
+			for n := 0; n == 0; {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n = p.rcq.Poll(c[:1])
+			}
+			p.qp.PostSend(SendWR{Op: OpSend, Local: bufB[:8]})
+			p.scq.Poll(c[:])
+		}
+	}()
+	var c [4]Completion
+	b.ReportAllocs()
+	for b.Loop() {
+		a.qp.PostRecv(RecvWR{Buf: bufA, LKey: mrA.LKey})
+		a.qp.PostSend(SendWR{Op: OpSend, Local: msg})
+		for n := 0; n == 0; {
+			n = a.rcq.Poll(c[:1])
+		}
+		a.scq.Poll(c[:])
+	}
+	close(stop)
+	time.Sleep(time.Millisecond)
+}
