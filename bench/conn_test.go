@@ -195,7 +195,7 @@ func TestProgressBar(t *testing.T) {
 		t.Errorf("table output %q", out.String())
 	}
 	s := term.String()
-	for _, want := range []string{"] 1/4 rows  conn: pingpong unix 8B", "] 2/4 rows  conn: pingpong unix 64B", "\r\x1b[K"} {
+	for _, want := range []string{"] 1/4 rows, last: conn pingpong unix 8B", "] 2/4 rows, last: conn pingpong unix 64B", "\r\x1b[K"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("bar output %q lacks %q", s, want)
 		}

@@ -11,7 +11,7 @@ import (
 
 // progressBar keeps one status line at the bottom of a terminal:
 //
-//	[=========>          ] 41/97 rows  conn: stream unix 1MiB  0:37
+//	[=========>          ] 41/97 rows, last: conn stream unix 1MiB  0:37
 //
 // It is redrawn after every row and every second; table output written
 // through out clears it first, so the two never mix. Safe for concurrent
@@ -100,9 +100,9 @@ func (p *progressBar) draw() {
 		line = fmt.Sprintf("%d rows", p.done)
 	}
 	if p.suite != "" {
-		line += "  " + p.suite
+		line += ", last: " + p.suite
 		if p.label != "" {
-			line += ": " + p.label
+			line += " " + p.label
 		}
 	}
 	line += "  " + elapsed

@@ -328,7 +328,8 @@ func withStream(addr string, size int, streaming bool, f func(*shmipc.Stream) ([
 	defer st.Close()
 	r, err := f(st)
 	_, stab, _ := st.Session().GetMetrics()
-	if n := stab.FallbackWriteCount + stab.AllocShmErrorCount + stab.QueueFullErrorCount; n > 0 {
+	// A full queue is retried and costs little; a fallback leaves shared memory.
+	if n := stab.FallbackWriteCount + stab.AllocShmErrorCount; n > 0 {
 		notes = append(notes, fmt.Sprintf("%d B: %d writes fell back to the Unix socket, %d shared-memory allocations failed, %d queue-full retries",
 			size, stab.FallbackWriteCount, stab.AllocShmErrorCount, stab.QueueFullErrorCount))
 	}
