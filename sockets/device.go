@@ -65,6 +65,10 @@ func acquireDevice(cfg *Config) (*device, error) {
 	nc.RingCapacity = key.ringCap
 	// The switch spins itself when it wants to; the nic's waits block.
 	nc.Wait = shm.WaitConfig{Mode: shm.WaitBlock}
+	// RDMA runs in the goroutine that posts it, which would only wait
+	// for the engine otherwise (the engine's goroutine hand-off costs
+	// microseconds, and a core when the caller spins).
+	nc.InlineExec = maxTransfer
 	nd, err := nic.Open(&nc)
 	if err != nil {
 		return nil, fmt.Errorf("sockets: open device: %w", err)

@@ -68,7 +68,12 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		}
 	}
 	for !c.helloDone && c.err == nil && !c.qpDead {
-		if err := c.waitLocked(&dl, false); errors.Is(err, os.ErrDeadlineExceeded) {
+		// Nap, do not sleep: a peer that refuses us hangs up at once
+		// (see napCQ).
+		c.mu.Unlock()
+		err := c.progressMode(&dl, false, true)
+		c.mu.Lock()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.mu.Unlock()
 			return fail(fmt.Errorf("sockets: handshake: %w", err))
 		}

@@ -11,7 +11,7 @@ import (
 )
 
 // waitSendLocked waits until a data message may go: no control message
-// queued ahead, a free send buffer, and a credit beyond the reserved one.
+// queued ahead, a free send buffer, and a credit beyond the reserved ones.
 func (c *Conn) waitSendLocked() error {
 	stalled := false
 	for {
@@ -19,7 +19,7 @@ func (c *Conn) waitSendLocked() error {
 			return err
 		}
 		c.pumpLocked()
-		if len(c.ctlq) == 0 && c.canSendLocked(false) {
+		if len(c.ctlq) == 0 && c.canSendLocked(classData) {
 			return nil
 		}
 		if c.wdl.expired.Load() {
@@ -303,12 +303,18 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 		}
 		if x.cts && c.err == nil && !c.qpDead && !c.closed {
 			local := x.src[x.ctsOff : x.ctsOff+x.ctsLen]
-			err := c.qp.PostSend(nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey})
+			wr := nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey}
+			x.cts, x.writing = false, true
+			// The nic copies in this goroutine (Config.InlineExec): not
+			// under mu. wmu keeps x ours.
+			c.mu.Unlock()
+			err := c.qp.PostSend(wr)
+			c.mu.Lock()
 			if err != nil {
+				x.writing = false
 				c.qpFailedLocked(err)
 				continue
 			}
-			x.cts, x.writing = false, true
 			c.stats.count(cRDMAWrites, 1)
 			// The nic executes a queue pair's work in order: done
 			// reaches the peer after the data.
@@ -626,8 +632,14 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	c.stats.count(cRegisters, 1)
 	c.rd = recvOp{active: true, direct: direct, read: e.read, id: e.id, off: e.off, n: uint32(len(buf)), mr: mr}
 	if e.read {
-		err := c.qp.PostSend(nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: buf, LKey: mr.LKey, Remote: e.addr + uint64(e.off), RKey: e.rkey})
-		if err != nil {
+		// The nic copies in this goroutine (Config.InlineExec): not under
+		// mu. rmu keeps the receive side ours; the completion is
+		// dispatched like any other.
+		wr := nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: buf, LKey: mr.LKey, Remote: e.addr + uint64(e.off), RKey: e.rkey}
+		c.mu.Unlock()
+		err := c.qp.PostSend(wr)
+		c.mu.Lock()
+		if err != nil && c.rd.active {
 			c.rd = recvOp{}
 			c.dev.nic.Deregister(mr)
 			c.qpFailedLocked(err)

@@ -193,16 +193,35 @@ func (c *Conn) ringBellLocked() {
 // credits returns how many more messages the peer can take now.
 func (c *Conn) creditsLocked() uint32 { return c.peerWindow - (c.sent - c.peerAck) }
 
-// canSendLocked tells whether a message may go now: a free send buffer and
-// a credit, keeping the last credit for credit messages (and aborts).
-func (c *Conn) canSendLocked(creditClass bool) bool {
+// Message classes: how many credits a message needs. Data keeps two
+// credits back, a control message one, so that data can never starve
+// control messages (done, cts, cancel, fin) and nothing can starve credit
+// messages: see docs/protocol.md.
+type class uint32
+
+const (
+	classCredit  class = 1 // credit, abort
+	classControl class = 2 // cts, done, cancel, fin
+	classData    class = 3 // data, rts
+)
+
+func classOf(t msgType) class {
+	switch t {
+	case msgData, msgRTS:
+		return classData
+	case msgCredit, msgAbort:
+		return classCredit
+	}
+	return classControl
+}
+
+// canSendLocked tells whether a message of class k may go now: a free
+// send buffer and the credits its class needs.
+func (c *Conn) canSendLocked(k class) bool {
 	if len(c.sendFree) == 0 || c.qpDead || c.torn || !c.helloDone {
 		return false
 	}
-	if creditClass {
-		return c.creditsLocked() >= 1
-	}
-	return c.creditsLocked() >= 2
+	return c.creditsLocked() >= uint32(k)
 }
 
 // sendLocked sends one control message built from h and payload; the
@@ -242,7 +261,7 @@ func (c *Conn) queueCtlLocked(m ctlMsg) {
 // pumpLocked sends queued control messages and an explicit credit
 // message when one is due.
 func (c *Conn) pumpLocked() {
-	for len(c.ctlq) > 0 && c.canSendLocked(false) {
+	for len(c.ctlq) > 0 && c.canSendLocked(classControl) {
 		m := c.ctlq[0]
 		var h header
 		h.SetType(m.typ)
@@ -259,10 +278,13 @@ func (c *Conn) pumpLocked() {
 	if len(c.ctlq) == 0 {
 		c.ctlq = c.ctlq[:0]
 	}
-	// Return credit at half the window, or at once when the peer is
-	// closing or we are (it waits for our ack to finish).
-	due := c.owed >= int(c.window/2) || (c.owed > 0 && (c.peerFin || c.closed))
-	if due && c.canSendLocked(true) {
+	// Return credit at half the window; or, for a consumed message other
+	// than a credit, when the peer is out of credit for control messages
+	// or closing, or we are closing (the closer waits for our ack).
+	unacked := c.consumed - c.ackSent
+	starved := c.window-(c.received-c.ackSent) < uint32(classControl)
+	due := unacked >= c.window/2 || (c.owed > 0 && (starved || c.peerFin || c.closed))
+	if due && c.canSendLocked(classCredit) {
 		var h header
 		h.SetType(msgCredit)
 		c.sendLocked(&h, nil)
@@ -352,11 +374,9 @@ func (c *Conn) onRecvLocked(idx, n int) {
 		return
 	}
 	// Credits: the peer may have at most window messages unacknowledged,
-	// the last of which only for a credit message or an abort.
-	limit := c.window - 1
-	if t == msgCredit || t == msgAbort {
-		limit = c.window
-	}
+	// the last two of which only for control and credit messages, the
+	// last one only for credit messages and aborts.
+	limit := c.window - uint32(classOf(t)) + 1
 	if c.received-c.ackSent >= limit {
 		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
 		return
@@ -488,7 +508,7 @@ func (c *Conn) abortLocked(err error) {
 	}
 	c.err, c.errDrain = err, false
 	c.stats.count(cAborts, 1)
-	if c.helloDone && c.canSendLocked(true) {
+	if c.helloDone && c.canSendLocked(classCredit) {
 		reason := err.Error()
 		if len(reason) > maxReason {
 			reason = reason[:maxReason]

@@ -1,0 +1,196 @@
+package sockets
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/testutil"
+	"github.com/sandirect/sandirect/shm"
+)
+
+// benchConfigs are the transports of the benchmarks, by name.
+var benchConfigs = map[string]*Config{
+	"busy":     {Wait: shm.WaitConfig{Mode: shm.WaitBusyPoll}},
+	"block":    {Wait: shm.WaitConfig{Mode: shm.WaitBlock}},
+	"adaptive": nil,
+}
+
+// The benchmark server child: args network | address | config | mode.
+// It accepts connections one after the other. echo: echoes each until EOF.
+// sink: reads until EOF touching every byte, then writes one byte.
+func init() {
+	testutil.RegisterChild("bench-server", func(args []string) error {
+		network, addr, cfgName, mode := args[0], args[1], args[2], args[3]
+		var ln net.Listener
+		var err error
+		if network == "sandirect" || cfgName != "" {
+			lc := ListenConfig{Config: benchConfigs[cfgName]}
+			ln, err = lc.Listen(context.Background(), network, addr)
+		} else {
+			ln, err = net.Listen(network, addr)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Println(ln.Addr())
+		buf := make([]byte, 16<<20)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			if mode == "echo" {
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if _, err := c.Write(buf[:n]); err != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+			} else {
+				var sum byte
+				for {
+					n, err := c.Read(buf)
+					// Touch every byte (vectorized).
+					sum += byte(bytes.Count(buf[:n], []byte{0}))
+					if err != nil {
+						if err != io.EOF {
+							fmt.Fprintln(os.Stderr, "sink:", err)
+						}
+						break
+					}
+				}
+				c.Write([]byte{sum | 1})
+			}
+			c.Close()
+		}
+	})
+}
+
+// benchServer starts a server child and returns a dial function.
+func benchServer(b *testing.B, transport, mode string) func() net.Conn {
+	b.Helper()
+	var network, addr, cfgName string
+	switch transport {
+	case "unix":
+		network, addr = "unix", filepath.Join(b.TempDir(), "s")
+	case "tcp":
+		network, addr = "tcp", "127.0.0.1:0"
+	default:
+		network, addr, cfgName = "sandirect", testAddr(), transport
+	}
+	child := testutil.StartChild(b, "bench-server", nil, network, addr, cfgName, mode)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := child.Output()
+		if i := len(out); i > 0 && out[i-1] == '\n' {
+			addr = out[:i-1]
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("server did not start: %s", out)
+		}
+		select {
+		case <-child.Done():
+			b.Fatalf("server exited: %s", child.Output())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return func() net.Conn {
+		var c net.Conn
+		var err error
+		if cfgName != "" || network == "sandirect" {
+			d := Dialer{Config: benchConfigs[cfgName]}
+			c, err = d.Dial(network, addr)
+		} else {
+			c, err = net.Dial(network, addr)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		return c
+	}
+}
+
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+var benchTransports = []string{"busy", "block", "adaptive", "unix", "tcp"}
+
+// BenchmarkPingPong measures a round trip of size bytes to another
+// process and back; half of it is the one-way latency.
+func BenchmarkPingPong(b *testing.B) {
+	for _, tr := range benchTransports {
+		for _, size := range []int{8, 64, 4096, 64 << 10} {
+			b.Run(fmt.Sprintf("transport=%s/size=%s", tr, sizeName(size)), func(b *testing.B) {
+				c := benchServer(b, tr, "echo")()
+				defer c.Close()
+				buf := make([]byte, size)
+				b.SetBytes(int64(2 * size))
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if _, err := c.Write(buf); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := io.ReadFull(c, buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/half-rtt")
+			})
+		}
+	}
+}
+
+// BenchmarkStream measures one-way streaming of size-byte writes to
+// another process that reads and touches every byte.
+func BenchmarkStream(b *testing.B) {
+	for _, tr := range benchTransports {
+		for _, size := range []int{64 << 10, 1 << 20, 4 << 20, 16 << 20} {
+			b.Run(fmt.Sprintf("transport=%s/size=%s", tr, sizeName(size)), func(b *testing.B) {
+				dial := benchServer(b, tr, "sink")
+				c := dial()
+				defer c.Close()
+				buf := make([]byte, size)
+				for i := range buf {
+					buf[i] = byte(i)
+				}
+				b.SetBytes(int64(size))
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if _, err := c.Write(buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				c.(interface{ CloseWrite() error }).CloseWrite()
+				if _, err := io.ReadFull(c, buf[:1]); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if sc, ok := c.(*Conn); ok && os.Getenv("SOCKETS_BENCH_STATS") != "" {
+					b.Logf("%+v", sc.Stats())
+				}
+			})
+		}
+	}
+}
