@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -190,6 +191,7 @@ func TestPeerKilled(t *testing.T) {
 	for _, mem := range []string{"segment", "cma"} {
 		t.Run(mem, func(t *testing.T) {
 			const size = 64 << 20
+			lockedBefore := vmLocked(t)
 			e, child, addr, rkey := dialTarget(t, mem, size, true)
 			buf := make([]byte, size)
 			mr := register(t, e.d, buf, AccessLocalWrite)
@@ -227,6 +229,15 @@ func TestPeerKilled(t *testing.T) {
 			}
 			if !errors.Is(e.qp.Err(), ErrPeerGone) && e.qp.State() != QPError {
 				t.Fatalf("QP state %v, %v", e.qp.State(), e.qp.Err())
+			}
+			// Pinned memory returns to its baseline once the survivor lets
+			// go (the kernel's count, not ours); fds and mappings are
+			// checked by TestMain.
+			e.d.Deregister(mr)
+			e.qp.Close()
+			e.d.Close()
+			if after := vmLocked(t); after != lockedBefore {
+				t.Fatalf("locked memory %d kB before, %d kB after", lockedBefore, after)
 			}
 		})
 	}
@@ -268,4 +279,24 @@ func TestOtherUIDRefused(t *testing.T) {
 	if err := child.Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// vmLocked returns the process's locked memory in kB (VmLck).
+func vmLocked(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmLck:"); ok {
+			n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no VmLck in /proc/self/status")
+	return 0
 }
