@@ -77,14 +77,16 @@ func init() {
 		target{name: "sockets/block 8B p50 / futex/unpinned p50",
 			num: recordKey{"conn", "pingpong", "sockets/block", 8, metricLatP50},
 			den: recordKey{"floor", "pingpong", "futex/unpinned", 4, metricLatP50}, limit: 1.1, atMost: true})
-	for _, size := range []int{miB, 4 * miB, 16 * miB} {
-		targets = append(targets,
-			target{name: fmt.Sprintf("sockets/busy stream %s / unix %s", fsize(size), fsize(size)),
-				num: recordKey{"conn", "stream", "sockets/busy", size, metricBW},
-				den: recordKey{"conn", "stream", "unix", size, metricBW}, limit: 3},
-			target{name: fmt.Sprintf("sockets/busy stream %s / memcpy %s", fsize(size), fsize(size)),
-				num: recordKey{"conn", "stream", "sockets/busy", size, metricBW},
-				den: recordKey{"floor", "copy", "memcpy", size, metricBW}, limit: 0.6})
+	for _, mode := range []string{"sockets/busy", "sockets/block", "sockets/tcp"} {
+		for _, size := range []int{miB, 4 * miB, 16 * miB} {
+			targets = append(targets,
+				target{name: fmt.Sprintf("%s stream %s / unix", mode, fsize(size)),
+					num: recordKey{"conn", "stream", mode, size, metricBW},
+					den: recordKey{"conn", "stream", "unix", size, metricBW}, limit: 3},
+				target{name: fmt.Sprintf("%s stream %s / memcpy", mode, fsize(size)),
+					num: recordKey{"conn", "stream", mode, size, metricBW},
+					den: recordKey{"floor", "copy", "memcpy", size, metricBW}, limit: 0.6})
+		}
 	}
 	goals = append(goals, goal{name: "sockets idle connection, KiB (both ends)",
 		key: recordKey{"conn", "idle", connIdleTransport, 0, metricMem}, unit: kiB, limit: 256, atMost: true})

@@ -118,7 +118,8 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		if *quick {
 			mode = "quick run"
 		}
-		paths, err := writeReport(*outDir, all, fmt.Sprintf("%s; %s, %s", hw, mode, time.Now().Format("2006-01-02 15:04")))
+		line := fmt.Sprintf("%s at the start, %s at the end; %s, %s", hw, loadAvg(), mode, time.Now().Format("2006-01-02 15:04"))
+		paths, err := writeReport(*outDir, all, line)
 		if len(paths) > 0 {
 			fmt.Fprintf(stdout, "\nreport:\n")
 			for _, p := range paths {
@@ -177,14 +178,18 @@ func hardware() string {
 			}
 		}
 	}
-	kernel := sys.KernelRelease()
-	load := "?"
+	return fmt.Sprintf("%s, %d CPUs, Linux %s, %s, load %s", model, runtime.NumCPU(), sys.KernelRelease(),
+		runtime.Version(), loadAvg())
+}
+
+// loadAvg is the 1-minute load average.
+func loadAvg() string {
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		if f := strings.Fields(string(b)); len(f) >= 1 {
-			load = f[0]
+			return f[0]
 		}
 	}
-	return fmt.Sprintf("%s, %d CPUs, Linux %s, %s, load %s", model, runtime.NumCPU(), kernel, runtime.Version(), load)
+	return "?"
 }
 
 func envOr(name, def string) string {
