@@ -44,12 +44,16 @@ type Conn struct {
 type session struct {
 	// Progress: one goroutine at a time polls the completion queue (the
 	// poller); the others wait for changed to be closed.
-	polling  bool
-	sleeping bool          // the poller sleeps in CompletionQueue.Wait
-	pumping  bool          // a goroutine drives the connection for ctlq
-	reposts  []int         // receive buffers to post when the poller wakes
-	changed  chan struct{} // closed after each round of dispatch; nil if nobody waits
-	comps    [16]nic.Completion
+	polling     bool
+	sleeping    bool          // the poller sleeps in CompletionQueue.Wait
+	pumping     bool          // a goroutine drives the connection for ctlq
+	reposts     []int         // consumed receive buffers not posted again yet
+	posted      int           // receive buffers posted
+	bellRung    bool          // the doorbell rang for the sleeping poller
+	interesting bool          // a dispatch round saw more than send completions
+	wantSend    bool          // a writer waits for a free send buffer
+	changed     chan struct{} // closed after each round of dispatch; nil if nobody waits
+	comps       [16]nic.Completion
 
 	// The control-message pool: window receive buffers and sendBufs send
 	// buffers of bufSize bytes each, registered as two regions.

@@ -52,6 +52,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		if err := qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.recvMR.LKey}); err != nil {
 			return fail(fmt.Errorf("sockets: post receive: %w", err))
 		}
+		c.posted++
 	}
 	for i := 0; i < S; i++ {
 		c.sendBufs = append(c.sendBufs, send[i*B:(i+1)*B:(i+1)*B])

@@ -29,7 +29,10 @@ func (c *Conn) waitSendLocked() error {
 			stalled = true
 			c.stats.count(cCreditStalls, 1)
 		}
-		if err := c.waitLocked(&c.wdl, true); err != nil {
+		c.wantSend = len(c.sendFree) == 0
+		err := c.waitLocked(&c.wdl, true)
+		c.wantSend = false
+		if err != nil {
 			if werr := c.writableLocked(); werr != nil {
 				return werr
 			}

@@ -66,21 +66,31 @@ func (c *Conn) progressMode(dl *deadline, stopOnClose, nap bool) error {
 		}
 	}
 	c.polling = true
+	c.interesting = false
+	k := c.kick.Load()
 	c.mu.Unlock()
-	var n int
 	var err error
-	if nap {
-		n, err = c.napCQ(dl, c.kick.Load())
-	} else {
-		n, err = c.pollCQ(dl, stopOnClose)
-	}
-	c.mu.Lock()
-	for i := 0; i < n; i++ {
-		c.dispatchLocked(&c.comps[i])
-		c.comps[i] = nic.Completion{}
-	}
-	if n > 0 {
-		c.pumpLocked()
+	for {
+		var n int
+		if nap {
+			n, err = c.napCQ(dl, k)
+		} else {
+			n, err = c.pollCQ(dl, k)
+		}
+		c.mu.Lock()
+		for i := 0; i < n; i++ {
+			c.dispatchLocked(&c.comps[i])
+			c.comps[i] = nic.Completion{}
+		}
+		if n > 0 {
+			c.pumpLocked()
+		}
+		// Completions of our own sends change nothing a caller waits
+		// for, unless it waits for a send buffer: poll on.
+		if c.interesting || c.wantSend || n == 0 || err != nil || c.changed != nil || c.kick.Load() != k {
+			break
+		}
+		c.mu.Unlock()
 	}
 	c.polling = false
 	if c.changed != nil {
@@ -91,10 +101,10 @@ func (c *Conn) progressMode(dl *deadline, stopOnClose, nap bool) error {
 	return err
 }
 
-// pollCQ waits for completions into c.comps. The caller is the poller.
-func (c *Conn) pollCQ(dl *deadline, stopOnClose bool) (int, error) {
+// pollCQ waits for completions into c.comps. The caller is the poller;
+// k is the kick count it started with: a change ends the wait.
+func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	comps := c.comps[:]
-	k := c.kick.Load()
 	if n := c.cq.Poll(comps); n > 0 {
 		return n, nil
 	}
@@ -126,7 +136,9 @@ func (c *Conn) pollCQ(dl *deadline, stopOnClose bool) (int, error) {
 		t = dl.when()
 	}
 	c.mu.Lock()
+	c.repostLocked() // the peer's next message must find a buffer
 	c.sleeping = true
+	c.bellRung = false
 	c.mu.Unlock()
 	var n int
 	var err error
@@ -154,6 +166,9 @@ func (c *Conn) pollCQ(dl *deadline, stopOnClose bool) (int, error) {
 // lock that CompletionQueue.Wait skips too (a data race); goroutines that
 // wait through a hang-up (linger, the pump) nap instead.
 func (c *Conn) napCQ(dl *deadline, k uint32) (int, error) {
+	c.mu.Lock()
+	c.repostLocked()
+	c.mu.Unlock()
 	for nap := time.Microsecond; ; nap = min(2*nap, time.Millisecond) {
 		if n := c.cq.Poll(c.comps[:]); n > 0 {
 			return n, nil
@@ -168,7 +183,8 @@ func (c *Conn) napCQ(dl *deadline, k uint32) (int, error) {
 	}
 }
 
-// repostLocked posts the receive buffers consumed while the poller slept.
+// repostLocked posts the consumed receive buffers. Not while a poller
+// sleeps in CompletionQueue.Wait (see maybeRepostLocked).
 func (c *Conn) repostLocked() {
 	for _, i := range c.reposts {
 		if c.qpDead || c.torn {
@@ -176,7 +192,9 @@ func (c *Conn) repostLocked() {
 		}
 		if err := c.qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.recvMR.LKey}); err != nil {
 			c.qpFailedLocked(err)
+			break
 		}
+		c.posted++
 	}
 	c.reposts = c.reposts[:0]
 }
@@ -300,19 +318,32 @@ func (c *Conn) consumeLocked(i int, credit bool) {
 	if c.qpDead || c.torn {
 		return
 	}
+	c.reposts = append(c.reposts, i)
+	c.maybeRepostLocked()
+}
+
+// maybeRepostLocked posts the consumed receive buffers in batches, when
+// no buffer is left posted (and before the poller sleeps). A message that
+// finds no buffer waits in the ring, which holds a window of them; the
+// peer's credits count consumed buffers, posted or not. nic: the receive
+// queue compacts only when every posted receive has completed, and grows
+// without bound (and is copied as it grows) otherwise; posting in batches
+// when none is left lets it compact every window.
+func (c *Conn) maybeRepostLocked() {
+	if len(c.reposts) == 0 || c.posted > 0 {
+		return
+	}
 	if c.sleeping {
 		// nic: CompletionQueue.Wait reads the receive ring without the
-		// lock PostRecv takes (a data race); the poller reposts when it
+		// lock PostRecv takes (a data race): the poller reposts when it
 		// wakes, and we wake it.
-		c.reposts = append(c.reposts, i)
-		if len(c.reposts) == 1 {
+		if !c.bellRung {
+			c.bellRung = true
 			c.ringBellLocked()
 		}
 		return
 	}
-	if err := c.qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.recvMR.LKey}); err != nil {
-		c.qpFailedLocked(err)
-	}
+	c.repostLocked()
 }
 
 // dispatchLocked handles one completion.
@@ -320,6 +351,9 @@ func (c *Conn) dispatchLocked(comp *nic.Completion) {
 	idx := int(comp.ID &^ wrKind)
 	switch comp.ID & wrKind {
 	case wrRecv:
+		c.posted--
+		c.interesting = true
+		defer c.maybeRepostLocked()
 		if comp.Status != nic.StatusSuccess {
 			if comp.Status == nic.StatusLocalLength {
 				c.abortLocked(protoErr("message larger than our %d-byte buffers", c.bufSize))
@@ -332,11 +366,14 @@ func (c *Conn) dispatchLocked(comp *nic.Completion) {
 	case wrSend:
 		c.sendFree = append(c.sendFree, idx)
 		if comp.Status != nic.StatusSuccess {
+			c.interesting = true
 			c.qpFailedLocked(comp.Err())
 		}
 	case wrRead, wrWrite:
+		c.interesting = true
 		c.onRDMALocked(comp)
 	case wrBell:
+		c.interesting = true
 		if comp.Status != nic.StatusSuccess {
 			c.qpFailedLocked(comp.Err())
 		}
