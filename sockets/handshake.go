@@ -20,6 +20,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		rdl: makeDeadline(), wdl: makeDeadline(),
 		closing: make(chan struct{}), tornDown: make(chan struct{}),
 	}
+	c.stats.register()
 	c.dialer = dialer
 	c.bufSize = cfg.BufferSize
 	c.window = uint32(cfg.Window)

@@ -713,6 +713,7 @@ func (c *Conn) teardown() {
 			d.dropTemp(b)
 		}
 		d.release()
+		c.stats.retire()
 		close(c.tornDown)
 	})
 }

@@ -1,6 +1,9 @@
 package sockets
 
-import "sync/atomic"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Counters is a snapshot of what connections did and which path every
 // byte took.
@@ -70,19 +73,58 @@ const (
 	nCounters
 )
 
-// stats is a set of counters, each updated atomically.
+// stats is a connection's set of counters, each updated atomically by
+// the connection alone (no cache line shared with other connections).
 type stats struct{ v [nCounters]atomic.Uint64 }
 
-var globalStats stats
+// allStats keeps what GlobalStats adds up: the counters of the live
+// connections and the totals of those gone.
+var allStats struct {
+	mu      sync.Mutex // guards live, retired
+	live    map[*stats]struct{}
+	retired [nCounters]uint64
+}
 
 // GlobalStats returns the process-wide counters of all connections.
-func GlobalStats() Counters { return globalStats.snapshot() }
-
-// count adds n to a connection's counter and to the global one.
-func (s *stats) count(c counter, n uint64) {
-	s.v[c].Add(n)
-	globalStats.v[c].Add(n)
+func GlobalStats() Counters {
+	var sum stats
+	allStats.mu.Lock()
+	for i := range sum.v {
+		sum.v[i].Store(allStats.retired[i])
+	}
+	for s := range allStats.live {
+		for i := range s.v {
+			sum.v[i].Add(s.v[i].Load())
+		}
+	}
+	allStats.mu.Unlock()
+	return sum.snapshot()
 }
+
+// register makes s count in GlobalStats.
+func (s *stats) register() {
+	allStats.mu.Lock()
+	if allStats.live == nil {
+		allStats.live = map[*stats]struct{}{}
+	}
+	allStats.live[s] = struct{}{}
+	allStats.mu.Unlock()
+}
+
+// retire folds s into the totals of connections gone.
+func (s *stats) retire() {
+	allStats.mu.Lock()
+	if _, ok := allStats.live[s]; ok {
+		delete(allStats.live, s)
+		for i := range s.v {
+			allStats.retired[i] += s.v[i].Load()
+		}
+	}
+	allStats.mu.Unlock()
+}
+
+// count adds n to a counter.
+func (s *stats) count(c counter, n uint64) { s.v[c].Add(n) }
 
 func (s *stats) snapshot() Counters {
 	v := func(c counter) uint64 { return s.v[c].Load() }

@@ -1,0 +1,24 @@
+package sockets
+
+import "testing"
+
+func TestGlobalStats(t *testing.T) {
+	before := GlobalStats()
+	c, s := pipe(t, nil, nil)
+	go c.Write([]byte("counted"))
+	buf := make([]byte, 7)
+	if _, err := s.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	mid := GlobalStats()
+	if mid.BytesEager-before.BytesEager != 7 || mid.BytesRead-before.BytesRead != 7 {
+		t.Fatalf("live: %+v", mid)
+	}
+	c.Close()
+	s.Close()
+	waitTorn(t, c)
+	waitTorn(t, s)
+	if after := GlobalStats(); after.BytesEager-before.BytesEager != 7 {
+		t.Fatalf("retired: %+v", after)
+	}
+}
