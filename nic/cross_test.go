@@ -236,7 +236,8 @@ func TestPeerKilled(t *testing.T) {
 			e.d.Deregister(mr)
 			e.qp.Close()
 			e.d.Close()
-			if after := vmLocked(t); after != lockedBefore {
+			// (Earlier tests' memory may still be unlocking: less is fine.)
+			if after := vmLocked(t); after > lockedBefore {
 				t.Fatalf("locked memory %d kB before, %d kB after", lockedBefore, after)
 			}
 		})
