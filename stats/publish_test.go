@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -308,4 +310,35 @@ func TestPeerCred(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(c.Output())
+}
+
+// TestZombie: a process that exited but is not reaped yet is gone too,
+// though its pid and /proc entry stay. The child is started without
+// testutil's reaper, so it stays a zombie until the test waits for it.
+func TestZombie(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SANDIRECT_TEST_CHILD=publisher") // testutil's child protocol
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	waitFor(t, "the child's endpoint", func() bool { return listed(t, pid) })
+	r := openReader(t, pid)
+	if _, err := r.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	waitFor(t, "a zombie", func() bool {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		return strings.Contains(string(b), ") Z ")
+	})
+	if _, err := r.Snapshot(); !errors.Is(err, ErrGone) {
+		t.Errorf("Snapshot of a zombie: %v, want ErrGone", err)
+	}
 }

@@ -240,7 +240,7 @@ func (r *Reader) Snapshot() (Snapshot, error) {
 		return Snapshot{}, ErrClosed
 	}
 	for range 4 {
-		if errors.Is(r.proc.Signal(syscall.Signal(0)), os.ErrProcessDone) {
+		if r.exited() {
 			return Snapshot{}, fmt.Errorf("%w: pid %d exited", ErrGone, r.pid)
 		}
 		s, state, err := readStable(r.mem)
@@ -268,6 +268,28 @@ func (r *Reader) Snapshot() (Snapshot, error) {
 		}
 	}
 	return Snapshot{}, fmt.Errorf("%w: pid %d keeps replacing its table", ErrBusy, r.pid)
+}
+
+// exited tells whether the process has exited: reaped (the pidfd says so),
+// or a zombie its parent has not reaped yet (its table would otherwise look
+// alive for ever).
+func (r *Reader) exited() bool {
+	if errors.Is(r.proc.Signal(syscall.Signal(0)), os.ErrProcessDone) {
+		return true
+	}
+	// The pid cannot be reused while the zombie exists, nor while the
+	// pidfd above says the process lives: /proc/PID is still ours.
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(r.pid) + "/stat")
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	// "PID (COMM) STATE …", where COMM may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	st := b[i+2]
+	return st == 'Z' || st == 'X'
 }
 
 // readStable decodes mem, retrying torn copies for up to busyTimeout: first
