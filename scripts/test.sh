@@ -25,7 +25,17 @@ go vet ./...
 if [ "$(id -u)" = 0 ] && [ -e /sys/kernel/btf/vmlinux ]; then
 	export SANDIRECT_REQUIRE_EBPF="${SANDIRECT_REQUIRE_EBPF:-tp_btf,raw_tracepoint,tracepoint}"
 fi
-go test -race -count=1 -timeout 25m "$@" ./...
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if ! go test -race -count=1 -timeout 25m "$@" ./... 2>&1 | tee "$log"; then
+	# A package that fails is run once more, so that a flaky test (a bug to
+	# fix, named here) is told apart from a broken build; a second failure
+	# fails the run.
+	failed=$(awk '$1 == "FAIL" && $2 ~ /^github.com\// {print $2}' "$log" | sort -u)
+	[ -n "$failed" ] || exit 1
+	echo "test.sh: FLAKY OR BROKEN, running again once: $failed" >&2
+	go test -race -count=1 -timeout 15m "$@" $failed
+fi
 
 if [ "${SANDIRECT_SKIP_VM:-}" != 1 ]; then
 	bash scripts/vmtest.sh ./internal/bpfmon
