@@ -20,6 +20,8 @@ var benchConfigs = map[string]*Config{
 	"busy":     {Wait: shm.WaitConfig{Mode: shm.WaitBusyPoll}},
 	"block":    {Wait: shm.WaitConfig{Mode: shm.WaitBlock}},
 	"adaptive": nil,
+	"copy":     {ZeroCopy: ZeroCopyNever, CopyChunk: 4 << 20, MaxCopyInFlight: 16 << 20},
+	"zerocopy": {ZeroCopy: ZeroCopyAlways},
 }
 
 // The benchmark server child: args network | address | config | mode.
@@ -164,7 +166,7 @@ func BenchmarkPingPong(b *testing.B) {
 // BenchmarkStream measures one-way streaming of size-byte writes to
 // another process that reads and touches every byte.
 func BenchmarkStream(b *testing.B) {
-	for _, tr := range benchTransports {
+	for _, tr := range append(benchTransports, "copy", "zerocopy") {
 		for _, size := range []int{64 << 10, 1 << 20, 4 << 20, 16 << 20} {
 			b.Run(fmt.Sprintf("transport=%s/size=%s", tr, sizeName(size)), func(b *testing.B) {
 				dial := benchServer(b, tr, "sink")

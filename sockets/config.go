@@ -55,15 +55,19 @@ type Config struct {
 	// ZeroCopy chooses between registering a large source in place and
 	// copying it into temporary memory. Default ZeroCopyAuto.
 	ZeroCopy ZeroCopy
-	// CopyThreshold: in ZeroCopyAuto, a rendezvous of at most this many
-	// bytes is copied (the write returns early); larger ones are zero-copy
-	// unless a write deadline is set. Default 4 MiB.
+	// CopyThreshold: in ZeroCopyAuto, a rendezvous of fewer bytes is
+	// copied (the write returns at once). Default 256 KiB.
 	CopyThreshold int
+	// ZeroCopyMax: in ZeroCopyAuto, a rendezvous from CopyThreshold to
+	// ZeroCopyMax bytes is zero-copy (unless a write deadline is set or
+	// the peer is behind); a larger one is copied in CopyChunk pieces,
+	// which pipeline. Default 4 MiB.
+	ZeroCopyMax int
 	// CopyChunk is the largest rendezvous of copied data (one temporary
-	// buffer). Default 1 MiB.
+	// buffer). Default 2 MiB.
 	CopyChunk int
 	// MaxCopyInFlight bounds the copied bytes of one connection that the
-	// peer has not taken yet. Default 8 MiB.
+	// peer has not taken yet. Default 16 MiB.
 	MaxCopyInFlight int
 	// TempMemory bounds the temporary (device) memory of one device: copies
 	// and receive staging. Default 64 MiB.
@@ -103,9 +107,10 @@ func DefaultConfig() Config {
 		SendBuffers:      4,
 		EagerThreshold:   16 << 10,
 		MaxTransfer:      16 << 20,
-		CopyThreshold:    4 << 20,
-		CopyChunk:        1 << 20,
-		MaxCopyInFlight:  8 << 20,
+		CopyThreshold:    256 << 10,
+		ZeroCopyMax:      4 << 20,
+		CopyChunk:        2 << 20,
+		MaxCopyInFlight:  16 << 20,
 		TempMemory:       64 << 20,
 		StagingSize:      256 << 10,
 		DirectRead:       64 << 10,
@@ -139,6 +144,7 @@ func (c Config) withDefaults() Config {
 	set(&c.EagerThreshold, d.EagerThreshold)
 	set(&c.MaxTransfer, d.MaxTransfer)
 	set(&c.CopyThreshold, d.CopyThreshold)
+	set(&c.ZeroCopyMax, d.ZeroCopyMax)
 	set(&c.CopyChunk, d.CopyChunk)
 	set(&c.MaxCopyInFlight, d.MaxCopyInFlight)
 	set(&c.TempMemory, d.TempMemory)
@@ -179,6 +185,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: CopyChunk %d outside [4096, MaxTransfer]", ErrConfig, c.CopyChunk)
 	case c.CopyThreshold < 0 || c.MaxCopyInFlight < 0 || c.TempMemory < 0:
 		return fmt.Errorf("%w: negative copy limit", ErrConfig)
+	case c.ZeroCopyMax < c.CopyThreshold:
+		return fmt.Errorf("%w: ZeroCopyMax %d below CopyThreshold %d", ErrConfig, c.ZeroCopyMax, c.CopyThreshold)
 	case c.StagingSize < 4096 || c.StagingSize > maxTransfer:
 		return fmt.Errorf("%w: StagingSize %d outside [4096, %d]", ErrConfig, c.StagingSize, maxTransfer)
 	case c.DirectRead < 1:

@@ -322,15 +322,10 @@ func (c *Conn) consumeLocked(i int, credit bool) {
 	c.maybeRepostLocked()
 }
 
-// maybeRepostLocked posts the consumed receive buffers in batches, when
-// no buffer is left posted (and before the poller sleeps). A message that
-// finds no buffer waits in the ring, which holds a window of them; the
-// peer's credits count consumed buffers, posted or not. nic: the receive
-// queue compacts only when every posted receive has completed, and grows
-// without bound (and is copied as it grows) otherwise; posting in batches
-// when none is left lets it compact every window.
+// maybeRepostLocked posts the consumed receive buffers again, at once
+// unless a poller sleeps in CompletionQueue.Wait.
 func (c *Conn) maybeRepostLocked() {
-	if len(c.reposts) == 0 || c.posted > 0 {
+	if len(c.reposts) == 0 {
 		return
 	}
 	if c.sleeping {

@@ -11,14 +11,15 @@ func TestGlobalStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	mid := GlobalStats()
-	if mid.BytesEager-before.BytesEager != 7 || mid.BytesRead-before.BytesRead != 7 {
+	// Other tests' connections may still be lingering: at least ours.
+	if mid.BytesEager-before.BytesEager < 7 || mid.BytesRead-before.BytesRead < 7 {
 		t.Fatalf("live: %+v", mid)
 	}
 	c.Close()
 	s.Close()
 	waitTorn(t, c)
 	waitTorn(t, s)
-	if after := GlobalStats(); after.BytesEager-before.BytesEager != 7 {
+	if after := GlobalStats(); after.BytesEager-before.BytesEager < 7 {
 		t.Fatalf("retired: %+v", after)
 	}
 }
