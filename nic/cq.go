@@ -67,6 +67,7 @@ type CompletionQueue struct {
 	qps   atomic.Pointer[[]*QueuePair] // QPs whose receives this CQ drives; copy on write
 	sqps  atomic.Pointer[[]*QueuePair] // QPs whose queued send work this CQ's pollers run; copy on write
 	dirty atomic.Bool                  // qps changed since the waiter built ws
+	woken atomic.Bool                  // Wake was called: the next Wait returns early
 
 	waitMu sync.Mutex // serializes waiters; guards ws
 	ws     shm.WaitSet
@@ -88,7 +89,7 @@ func (d *Device) NewCQ() *CompletionQueue {
 // something in its ring. Records waiting for a receive do not count:
 // PostRecv moves them and rings the CQ itself.
 func (cq *CompletionQueue) readyToWake() bool {
-	if cq.dirty.Load() || cq.pending() {
+	if cq.dirty.Load() || cq.woken.Load() || cq.pending() {
 		return true
 	}
 	for _, qp := range cq.wsQPs {
@@ -170,6 +171,14 @@ func (cq *CompletionQueue) syncWaitSet() {
 	}
 }
 
+// Wake makes a Wait that is sleeping or spinning now, or the next one,
+// return early (with no completion and no error) — for code of this
+// process that must interrupt a waiter, a closing connection say.
+func (cq *CompletionQueue) Wake() {
+	cq.woken.Store(true)
+	cq.ws.Ring()
+}
+
 // Poll moves incoming sends into posted receives, then copies up to
 // len(out) completions into out and returns how many. It never blocks on
 // the peer.
@@ -194,8 +203,9 @@ func (cq *CompletionQueue) Poll(out []Completion) int {
 }
 
 // Wait is Poll that waits, as the device's wait configuration says, until
-// at least one completion is there or deadline passes (zero: no deadline;
-// then os.ErrDeadlineExceeded).
+// at least one completion is there, deadline passes (zero: no deadline;
+// then os.ErrDeadlineExceeded), or Wake is called (then it returns 0 and
+// no error).
 func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, error) {
 	if n := cq.Poll(out); n > 0 || len(out) == 0 {
 		return n, nil
@@ -208,6 +218,9 @@ func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, erro
 		for i := 1; ; i++ {
 			if n := cq.Poll(out); n > 0 {
 				return n, nil
+			}
+			if cq.woken.Swap(false) {
+				return 0, nil
 			}
 			if i%64 == 0 {
 				now := time.Now()
@@ -227,6 +240,9 @@ func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, erro
 		cq.waitMu.Unlock()
 		if n := cq.Poll(out); n > 0 {
 			return n, nil
+		}
+		if cq.woken.Swap(false) {
+			return 0, nil
 		}
 		if err != nil {
 			return 0, err

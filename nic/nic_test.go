@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/shm"
 )
 
 func TestSendRecv(t *testing.T) {
@@ -311,4 +313,61 @@ func TestUnmapRevokes(t *testing.T) {
 		t.Logf("write after unmap: %v", c.Err())
 	}
 	b.d.Deregister(mr)
+}
+
+// TestRecvQueueBounded keeps receives posted all the time while messages
+// flow: the receive queue must not grow with the number of messages.
+func TestRecvQueueBounded(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	buf := make([]byte, 64)
+	mr := register(t, b.d, buf, AccessLocalWrite)
+	for range 4 {
+		b.qp.PostRecv(RecvWR{Buf: buf, LKey: mr.LKey})
+	}
+	for i := 0; i < 10000; i++ {
+		if err := a.qp.PostSend(SendWR{Op: OpSend, Local: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		wait(t, a.scq)
+		if c := wait(t, b.rcq); c.Status != StatusSuccess {
+			t.Fatalf("%+v", c)
+		}
+		if err := b.qp.PostRecv(RecvWR{Buf: buf, LKey: mr.LKey}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.qp.rqMu.Lock()
+	n := cap(b.qp.rq)
+	b.qp.rqMu.Unlock()
+	if n > 256 {
+		t.Fatalf("receive queue capacity %d after 10,000 messages with 4 posted", n)
+	}
+}
+
+func TestWakeInterruptsWait(t *testing.T) {
+	for _, mode := range []shm.WaitMode{shm.WaitBlock, shm.WaitBusyPoll, shm.WaitAdaptive} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Wait = shm.WaitConfig{Mode: mode}
+			a, _ := pair(t, &cfg, nil)
+			done := make(chan error, 1)
+			go func() {
+				var c [1]Completion
+				n, err := a.rcq.Wait(c[:], time.Now().Add(20*time.Second))
+				if err == nil && n != 0 {
+					err = errors.New("a completion out of nowhere")
+				}
+				done <- err
+			}()
+			a.rcq.Wake()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("Wake did not interrupt Wait")
+			}
+		})
+	}
 }

@@ -413,6 +413,21 @@ func (qp *QueuePair) PostRecv(wr RecvWR) error {
 	return nil
 }
 
+// compactRQ drops consumed receives from the front of rq once they are
+// half of it, so that a queue that always has receives posted does not
+// grow without bound. The caller holds rqMu.
+func (qp *QueuePair) compactRQ() {
+	switch {
+	case qp.rqHead == len(qp.rq):
+		clear(qp.rq)
+		qp.rq, qp.rqHead = qp.rq[:0], 0
+	case qp.rqHead >= 32 && 2*qp.rqHead >= len(qp.rq):
+		n := copy(qp.rq, qp.rq[qp.rqHead:])
+		clear(qp.rq[n:])
+		qp.rq, qp.rqHead = qp.rq[:n], 0
+	}
+}
+
 // inPending tells whether the incoming ring has something for the reader.
 // It reads the consumer's position, which progressRecv moves: under rqMu.
 func (qp *QueuePair) inPending() bool {
@@ -472,10 +487,7 @@ func (qp *QueuePair) progressRecv() {
 			break
 		}
 	}
-	if qp.rqHead == len(qp.rq) {
-		clear(qp.rq)
-		qp.rq, qp.rqHead = qp.rq[:0], 0
-	}
+	qp.compactRQ()
 	qp.rqMu.Unlock()
 	if failure != nil && qp.setError(failure) {
 		qp.flush()
