@@ -5,7 +5,11 @@ import "testing"
 func TestGlobalStats(t *testing.T) {
 	before := GlobalStats()
 	c, s := pipe(t, nil, nil)
-	go c.Write([]byte("counted"))
+	// Written before the Read: a Write counts its bytes after it sent
+	// them, and the Read can return before a concurrent Write counted.
+	if _, err := c.Write([]byte("counted")); err != nil {
+		t.Fatal(err)
+	}
 	buf := make([]byte, 7)
 	if _, err := s.Read(buf); err != nil {
 		t.Fatal(err)
