@@ -75,9 +75,12 @@ func Mremap(old, oldLen, newLen uintptr, flags int, newAddr uintptr) (uintptr, e
 }
 
 // Brk sets the program break to addr and returns the break now in force
-// (brk(0) returns the current break).
+// (brk(0) returns the current break). Not a raw system call: shrinking the
+// break unmaps memory, which a userfaultfd monitor holds until its reader
+// (a goroutine of this process) has run — a raw call would keep this P
+// from the scheduler and the garbage collector, and deadlock with it.
 func Brk(addr uintptr) uintptr {
-	r, _, _ := unix.RawSyscall(unix.SYS_BRK, addr, 0, 0)
+	r, _, _ := unix.Syscall(unix.SYS_BRK, addr, 0, 0)
 	return r
 }
 
