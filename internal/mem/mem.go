@@ -3,11 +3,12 @@
 // of the packages above shm.
 package mem
 
-import "unsafe"
+import "github.com/sandirect/sandirect/internal/sys"
 
 // Addr returns the address of b's first byte (0 for a nil or empty slice
-// with no backing array).
-func Addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+// with no backing array). It is sys.Addr, for packages that need no other
+// system call.
+func Addr(b []byte) uintptr { return sys.Addr(b) }
 
 // Within tells whether inner lies entirely inside outer.
 func Within(inner, outer []byte) bool {
