@@ -78,6 +78,7 @@ func acquireDevice(cfg *Config) (*device, error) {
 		devices.m = map[devKey]*device{}
 	}
 	devices.m[key] = d
+	publishHold() // counters for tools/sdstat: publish.go
 	return d, nil
 }
 
@@ -107,6 +108,7 @@ func (d *device) release() {
 	d.slabs, d.free = nil, [tempClasses][][]byte{}
 	d.mu.Unlock()
 	d.nic.Close()
+	publishRelease()
 }
 
 func tempClass(n int) int {

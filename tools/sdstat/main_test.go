@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -17,12 +19,14 @@ import (
 
 	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/sockets"
 )
 
 func TestMain(m *testing.M) { testutil.Main(m) }
 
 // The workload child: two devices connected by a queue pair; the first
-// sends to the second, a few messages every millisecond, until killed.
+// sends to the second, a few messages every millisecond, and a sockets
+// connection carries a message the same way, until killed.
 func init() {
 	testutil.RegisterChild("workload", func(args []string) error {
 		a, err := nic.Open(nil)
@@ -60,11 +64,38 @@ func init() {
 		if err != nil {
 			return err
 		}
+		sln, err := sockets.Listen("sandirect", fmt.Sprintf("@sdstat-test-sock-%d", os.Getpid()))
+		if err != nil {
+			return err
+		}
+		defer sln.Close()
+		sacc := make(chan net.Conn, 1)
+		go func() {
+			c, _ := sln.Accept()
+			sacc <- c
+		}()
+		sc, err := sockets.Dial("sandirect", sln.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer sc.Close()
+		ss := <-sacc
+		if ss == nil {
+			return errors.New("sockets accept failed")
+		}
+		defer ss.Close()
 		fmt.Println("ready")
 		msg := []byte("hello, sdstat")
+		sbuf := make([]byte, len(msg))
 		var c [1]nic.Completion
 		tick := time.NewTicker(time.Millisecond) // the workload's pace
 		for range tick.C {
+			if _, err := sc.Write(msg); err != nil {
+				return err
+			}
+			if _, err := io.ReadFull(ss, sbuf); err != nil {
+				return err
+			}
 			for range 4 {
 				if err := bqp.PostRecv(nic.RecvWR{Buf: buf, LKey: mr.LKey}); err != nil {
 					return err
@@ -162,15 +193,28 @@ func TestEndToEnd(t *testing.T) {
 		first = c.Value
 		return ok && c.Value > 0
 	})
-	// The counters move.
-	poll(t, "the child's sends to grow", func() bool {
+	// The counters move: the nic's, and the sockets layer's.
+	var firstSock uint64
+	poll(t, "the child's sockets messages in sdstat -json", func() bool {
+		out, err := sdstat(t, "-json", "-p", spid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := findProc(decodePolls(t, out), pid)
+		c, ok := counter(p, "sockets", "bytes_eager")
+		firstSock = c.Value
+		conns, _ := counter(p, "sockets", "connections")
+		return ok && c.Value > 0 && conns.Value == 2
+	})
+	poll(t, "the child's sends and sockets bytes to grow", func() bool {
 		out, err := sdstat(t, "-json", "-p", spid)
 		if err != nil {
 			t.Fatal(err)
 		}
 		p, _ := findProc(decodePolls(t, out), pid)
 		c, _ := counter(p, "device/1", "sends")
-		return c.Value > first
+		sb, _ := counter(p, "sockets", "bytes_eager")
+		return c.Value > first && sb.Value > firstSock
 	})
 
 	// The text table.
@@ -178,7 +222,7 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"pid " + spid, "GROUP", "device/1 ", "device/1/qp/1", "device/2/pin", "bytes_received"} {
+	for _, want := range []string{"pid " + spid, "GROUP", "device/1 ", "device/1/qp/1", "device/2/pin", "bytes_received", "sockets ", "msgs_sent"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
