@@ -63,6 +63,7 @@ type CompletionQueue struct {
 	mu sync.Mutex // guards q, head; never held while calling into a QP
 	q  []Completion
 	hd int
+	n  atomic.Int32 // len(q) - hd, for pollers that look without the lock
 
 	qps   atomic.Pointer[[]*QueuePair] // QPs whose receives this CQ drives; copy on write
 	sqps  atomic.Pointer[[]*QueuePair] // QPs whose queued send work this CQ's pollers run; copy on write
@@ -117,16 +118,13 @@ func (cq *CompletionQueue) detachSend(qp *QueuePair) {
 	cq.mu.Unlock()
 }
 
-func (cq *CompletionQueue) pending() bool {
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	return cq.hd < len(cq.q)
-}
+func (cq *CompletionQueue) pending() bool { return cq.n.Load() > 0 }
 
 // push queues a completion and wakes a waiter.
-func (cq *CompletionQueue) push(c Completion) {
+func (cq *CompletionQueue) push(c *Completion) {
 	cq.mu.Lock()
-	cq.q = append(cq.q, c)
+	cq.q = append(cq.q, *c)
+	cq.n.Add(1)
 	cq.mu.Unlock()
 	cq.ws.Ring()
 }
@@ -183,23 +181,32 @@ func (cq *CompletionQueue) Wake() {
 // len(out) completions into out and returns how many. It never blocks on
 // the peer.
 func (cq *CompletionQueue) Poll(out []Completion) int {
+	got := 0
 	for _, qp := range *cq.qps.Load() {
-		qp.progressRecv()
+		got += qp.progressRecvInto(out[got:])
 	}
 	for _, qp := range *cq.sqps.Load() {
 		if qp.sqLen.Load() > 0 {
 			qp.engineTurn()
 		}
 	}
+	if cq.n.Load() == 0 || got == len(out) {
+		return got // the common case of a busy poller: no lock taken
+	}
 	cq.mu.Lock()
-	n := copy(out, cq.q[cq.hd:])
-	clear(cq.q[cq.hd : cq.hd+n]) // drop references to QPs and errors
+	n := min(len(out)-got, len(cq.q)-cq.hd)
+	for i := range n {
+		c := &cq.q[cq.hd+i]
+		out[got+i] = *c
+		*c = Completion{} // drop references to QPs and errors
+	}
 	cq.hd += n
 	if cq.hd == len(cq.q) {
 		cq.q, cq.hd = cq.q[:0], 0
 	}
+	cq.n.Add(int32(-n))
 	cq.mu.Unlock()
-	return n
+	return got + n
 }
 
 // Wait is Poll that waits, as the device's wait configuration says, until

@@ -43,6 +43,11 @@ type SendWR struct {
 	// in the peer and the key of the peer's region that holds it.
 	Remote uint64
 	RKey   uint64
+	// Unsignaled asks for no completion when the request succeeds (verbs'
+	// IBV_SEND_SIGNALED left off): a failure still completes, with its
+	// status, and flushes the queue pair as usual. Useful for sends of at
+	// most MaxInline bytes, whose buffer is free when PostSend returns.
+	Unsignaled bool
 }
 
 // RecvWR posts a buffer for one incoming send.
@@ -179,7 +184,24 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 		qp.sqMu.Unlock()
 		return qp.stateErr()
 	}
-	if len(qp.sq) == 0 && (wr.Op == OpSend || qp.dev.cfg.InlineExec > 0) {
+	if len(qp.sq) == 0 && wr.Op == OpSend {
+		// The fast path of a send: into the peer's ring now, or queued
+		// for the engine when the ring is full.
+		st, reason, finished := qp.sendNow(wr.Local, time.Time{})
+		if finished {
+			qp.sstats.InlineExecs++
+			failed := qp.finishSend(&wr, n, st, reason)
+			qp.sqMu.Unlock()
+			if failed {
+				qp.flush()
+			}
+			return nil
+		}
+		// The peer's ring is full: the engine retries while the peer makes
+		// progress (RNR).
+		return qp.enqueueLocked(&sendOp{wr: wr, rnrSince: time.Now(), rnrHead: qp.out.Released()})
+	}
+	if len(qp.sq) == 0 && qp.dev.cfg.InlineExec > 0 {
 		// Nothing queued ahead: run it now, up to InlineExec bytes (a send
 		// is all or nothing). What is left goes to the engine and to
 		// pollers of the send CQ, so posting stays bounded in time.
@@ -193,11 +215,6 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 				qp.flush()
 			}
 			return nil
-		}
-		if wr.Op == OpSend {
-			// The peer's ring is full: the engine retries while the
-			// peer makes progress (RNR).
-			op.rnrSince, op.rnrHead = time.Now(), qp.out.Released()
 		}
 		queued := new(sendOp) // op itself stays on the stack on the fast path
 		*queued = op
@@ -229,9 +246,13 @@ func (qp *QueuePair) enqueueLocked(op *sendOp) error {
 // pair to the error state; it reports whether the caller must flush once
 // it has released its locks. The caller holds sqMu.
 func (qp *QueuePair) finish(op *sendOp, st Status, reason error) bool {
-	bytes := op.done
+	return qp.finishSend(&op.wr, op.done, st, reason)
+}
+
+// finishSend is finish for the request wr that moved bytes.
+func (qp *QueuePair) finishSend(wr *SendWR, bytes int, st Status, reason error) bool {
 	ss := &qp.sstats
-	switch op.wr.Op {
+	switch wr.Op {
 	case OpSend:
 		ss.Sends++
 		ss.BytesSent += uint64(bytes)
@@ -242,10 +263,13 @@ func (qp *QueuePair) finish(op *sendOp, st Status, reason error) bool {
 		ss.Reads++
 		ss.BytesRead += uint64(bytes)
 	}
-	qp.sendCQ.push(Completion{ID: op.wr.ID, Op: op.wr.Op, Status: st, Bytes: bytes, QP: qp, Reason: reason})
+	if st == StatusSuccess && wr.Unsignaled {
+		return false
+	}
+	qp.sendCQ.push(&Completion{ID: wr.ID, Op: wr.Op, Status: st, Bytes: bytes, QP: qp, Reason: reason})
 	if st != StatusSuccess {
 		ss.Errors++
-		return qp.setError(&CompletionError{Status: st, Op: op.wr.Op, ID: op.wr.ID, Reason: reason})
+		return qp.setError(&CompletionError{Status: st, Op: wr.Op, ID: wr.ID, Reason: reason})
 	}
 	return false
 }
@@ -258,26 +282,11 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 	wr := &op.wr
 	n := len(wr.Local)
 	if wr.Op == OpSend {
-		deadline := wait
-		if deadline.IsZero() {
-			deadline = time.Unix(0, 1) // in the past: do not wait
+		st, err, finished := qp.sendNow(wr.Local, wait)
+		if finished && st == StatusSuccess {
+			op.done = n
 		}
-		buf, err := qp.out.Reserve(n, deadline)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return 0, nil, false
-		}
-		if err != nil {
-			return StatusFlushed, err, true
-		}
-		if err := safeCopy(buf, wr.Local); err != nil {
-			qp.out.Commit(tagNop, 0) // gives the reservation back; the peer skips it
-			return StatusLocalAccess, err, true
-		}
-		if err := qp.out.Commit(tagSend, n); err != nil {
-			return StatusFlushed, err, true
-		}
-		op.done = n
-		return StatusSuccess, nil, true
+		return st, err, finished
 	}
 	need := AccessRemoteWrite
 	if wr.Op == OpRead {
@@ -306,6 +315,31 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 		budget -= chunk
 	}
 	return StatusSuccess, nil, op.done == n
+}
+
+// sendNow puts the message b on the ring to the peer, waiting for room
+// until wait (zero: not at all); it reports whether the send is finished
+// and with what status. The caller holds sqMu.
+func (qp *QueuePair) sendNow(b []byte, wait time.Time) (Status, error, bool) {
+	deadline := wait
+	if deadline.IsZero() {
+		deadline = time.Unix(0, 1) // in the past: do not wait
+	}
+	buf, err := qp.out.Reserve(len(b), deadline)
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, nil, false
+		}
+		return StatusFlushed, err, true
+	}
+	if err := safeCopy(buf, b); err != nil {
+		qp.out.Commit(tagNop, 0) // gives the reservation back; the peer skips it
+		return StatusLocalAccess, err, true
+	}
+	if err := qp.out.Commit(tagSend, len(b)); err != nil {
+		return StatusFlushed, err, true
+	}
+	return StatusSuccess, nil, true
 }
 
 // copyChunk moves local to or from the peer's raddr, inside entry e.
@@ -408,8 +442,7 @@ func (qp *QueuePair) PostRecv(wr RecvWR) error {
 	}
 	qp.rq = append(qp.rq, wr)
 	qp.rqLen.Add(1)
-	qp.rqMu.Unlock()
-	qp.progressRecv()
+	qp.progressRecvLocked(nil)
 	return nil
 }
 
@@ -418,8 +451,9 @@ func (qp *QueuePair) PostRecv(wr RecvWR) error {
 // grow without bound. The caller holds rqMu.
 func (qp *QueuePair) compactRQ() {
 	switch {
+	case qp.rqHead == 0:
 	case qp.rqHead == len(qp.rq):
-		clear(qp.rq)
+		// Consumed receives are zeroed as they complete.
 		qp.rq, qp.rqHead = qp.rq[:0], 0
 	case qp.rqHead >= 32 && 2*qp.rqHead >= len(qp.rq):
 		n := copy(qp.rq, qp.rq[qp.rqHead:])
@@ -438,12 +472,24 @@ func (qp *QueuePair) inPending() bool {
 
 // progressRecv moves incoming sends into posted receives and completes
 // them on the receive CQ.
-func (qp *QueuePair) progressRecv() {
+func (qp *QueuePair) progressRecv() { qp.progressRecvInto(nil) }
+
+// progressRecvInto is progressRecv that hands completions straight to out
+// while no completion is queued on the receive CQ (so none of this queue
+// pair's can be ahead of them), queuing the rest; it returns how many it
+// put in out. A poller then takes its completions without the CQ's lock.
+func (qp *QueuePair) progressRecvInto(out []Completion) int {
 	if qp.rqLen.Load() == 0 {
-		return
+		return 0
 	}
-	var failure error
 	qp.rqMu.Lock()
+	return qp.progressRecvLocked(out)
+}
+
+// progressRecvLocked is progressRecvInto with rqMu held; it unlocks rqMu.
+func (qp *QueuePair) progressRecvLocked(out []Completion) int {
+	var failure error
+	direct := 0
 	for !qp.closed && qp.rqHead < len(qp.rq) {
 		rec, ok, err := qp.in.Poll()
 		if err != nil {
@@ -464,24 +510,33 @@ func (qp *QueuePair) progressRecv() {
 			failure = fmt.Errorf("%w: record tag %d on the ring", ErrProtocol, rec.Tag)
 			break
 		}
-		r := qp.rq[qp.rqHead]
-		qp.rq[qp.rqHead] = RecvWR{}
+		r := &qp.rq[qp.rqHead]
 		qp.rqHead++
 		qp.rqLen.Add(-1)
-		c := Completion{ID: r.ID, Op: OpRecv, QP: qp, Bytes: len(rec.Data)}
+		var c *Completion
+		if direct < len(out) && qp.recvCQ.n.Load() == 0 {
+			c = &out[direct]
+			direct++
+		} else {
+			c = new(Completion)
+		}
+		*c = Completion{ID: r.ID, Op: OpRecv, QP: qp, Bytes: len(rec.Data)}
 		if len(rec.Data) > len(r.Buf) {
 			c.Status, c.Bytes = StatusLocalLength, 0
 			c.Reason = fmt.Errorf("message of %d bytes, buffer of %d", len(rec.Data), len(r.Buf))
 		} else if err := safeCopy(r.Buf, rec.Data); err != nil {
 			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
 		}
+		*r = RecvWR{}
 		qp.in.Release()
 		qp.rstats.Recvs++
 		qp.rstats.BytesReceived += uint64(c.Bytes)
 		if c.Status != StatusSuccess {
 			qp.rstats.Errors++
 		}
-		qp.recvCQ.push(c)
+		if direct == 0 || c != &out[direct-1] {
+			qp.recvCQ.push(c)
+		}
 		if c.Status != StatusSuccess {
 			failure = c.Err()
 			break
@@ -492,6 +547,7 @@ func (qp *QueuePair) progressRecv() {
 	if failure != nil && qp.setError(failure) {
 		qp.flush()
 	}
+	return direct
 }
 
 // setError moves the queue pair to the error state with reason and tells
@@ -522,12 +578,12 @@ func (qp *QueuePair) flush() {
 	qp.sq = nil
 	qp.sqLen.Store(0)
 	for _, op := range ops {
-		qp.sendCQ.push(Completion{ID: op.wr.ID, Op: op.wr.Op, Status: StatusFlushed, Bytes: op.done, QP: qp, Reason: reason})
+		qp.sendCQ.push(&Completion{ID: op.wr.ID, Op: op.wr.Op, Status: StatusFlushed, Bytes: op.done, QP: qp, Reason: reason})
 	}
 	qp.rqMu.Lock()
 	recvs := qp.rq[qp.rqHead:]
 	for _, r := range recvs {
-		qp.recvCQ.push(Completion{ID: r.ID, Op: OpRecv, Status: StatusFlushed, QP: qp, Reason: reason})
+		qp.recvCQ.push(&Completion{ID: r.ID, Op: OpRecv, Status: StatusFlushed, QP: qp, Reason: reason})
 	}
 	qp.rqLen.Add(-int32(len(recvs)))
 	qp.rq, qp.rqHead = nil, 0
