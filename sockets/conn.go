@@ -240,6 +240,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if n > 0 {
 		c.stats.count(cBytesRead, uint64(n))
 	}
+	traceIO(c, ioRead, n, err) // tools/sdtrace: trace.go
 	return n, c.opErr("read", err)
 }
 
@@ -251,6 +252,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	n, err := c.write(b)
 	c.wmu.Unlock()
+	traceIO(c, ioWrite, n, err) // tools/sdtrace: trace.go
 	return n, c.opErr("write", err)
 }
 

@@ -91,3 +91,13 @@ func ShmRemove(id int) error {
 	_, err := unix.SysvShmCtl(id, unix.IPC_RMID, nil)
 	return err
 }
+
+// MonotonicNanos returns CLOCK_MONOTONIC in nanoseconds: the clock of
+// bpf_ktime_get_ns, for converting BPF timestamps to wall time.
+func MonotonicNanos() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return ts.Nano()
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/sandirect/sandirect/internal/feature"
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// probeID numbers the traced functions; it travels in the attach cookie.
+type probeID uint16
+
+const (
+	pRegister   probeID = iota + 1 // pin.(*Cache).RegisterFor
+	pHit                           // pin.(*Cache).acquireLocked: RegisterFor found a cached entry
+	pMiss                          // pin.(*Cache).missLocked: RegisterFor pins and registers
+	pDeregister                    // pin.(*Cache).Deregister
+	pInvalidate                    // pin.(*Cache).invalidateEntryLocked
+	pPostSend                      // nic.(*QueuePair).PostSend
+	pPostRecv                      // nic.(*QueuePair).PostRecv
+	pComplete                      // nic.(*CompletionQueue).push
+	pConnRead                      // sockets.(*Conn).Read
+	pConnWrite                     // sockets.(*Conn).Write
+	pConnDone                      // sockets.traceIO: a Read or Write returns
+)
+
+const modPath = "github.com/sandirect/sandirect/"
+
+// probe is one traced function and what its registers hold at entry (Go's
+// register ABI on amd64: integer arguments in RAX, RBX, RCX, RDI, RSI, R8,
+// R9, R10, R11; a receiver first; a slice as pointer, length, capacity; a
+// struct as its fields; an interface as type and data words). These are
+// the library's internals: when they change, the end-to-end test fails
+// until this table follows.
+type probe struct {
+	id    probeID
+	sym   string
+	deref bool // read the two words at RBX (a pin entry: Addr, Len)
+}
+
+var probes = []probe{
+	// RegisterFor(c, owner Owner, buf []byte, access Access):
+	// RAX c, RBX owner, RCX buf.ptr, RDI buf.len, RSI buf.cap, R8 access.
+	{pRegister, "pin.(*Cache).RegisterFor", false},
+	// acquireLocked(c, e *entry, owner, access): RBX e → e.Addr, e.Len.
+	{pHit, "pin.(*Cache).acquireLocked", true},
+	// missLocked(c, owner, buf []byte, addr, end uintptr, access):
+	// RCX buf.ptr, RDI buf.len, R8 addr, R9 end, R10 access.
+	{pMiss, "pin.(*Cache).missLocked", false},
+	// Deregister(c, h Handle{e, addr, n, access}): RBX e, RCX addr, RDI n.
+	{pDeregister, "pin.(*Cache).Deregister", true},
+	// invalidateEntryLocked(c, e *entry, s span{lo, hi}, gone bool):
+	// RBX e, RCX s.lo, RDI s.hi, RSI gone.
+	{pInvalidate, "pin.(*Cache).invalidateEntryLocked", true},
+	// PostSend(qp, wr SendWR{ID, Op, Local []byte, LKey, Remote, RKey}):
+	// RAX qp, RBX ID, RCX Op, RDI Local.ptr, RSI Local.len, R8 cap, R9
+	// LKey, R10 Remote, R11 RKey.
+	{pPostSend, "nic.(*QueuePair).PostSend", false},
+	// PostRecv(qp, wr RecvWR{ID, Buf []byte, LKey}): RAX qp, RBX ID, RCX
+	// Buf.ptr, RDI Buf.len.
+	{pPostRecv, "nic.(*QueuePair).PostRecv", false},
+	// push(cq, c Completion{ID, Op, Status, Bytes, QP, Reason}): RBX ID,
+	// RCX Op, RDI Status, RSI Bytes, R8 QP, R9:R10 Reason.
+	{pComplete, "nic.(*CompletionQueue).push", false},
+	// Read(c, b []byte), Write(c, b []byte): RAX c, RBX b.ptr, RCX b.len.
+	{pConnRead, "sockets.(*Conn).Read", false},
+	{pConnWrite, "sockets.(*Conn).Write", false},
+	// traceIO(c, op ioOp, n int, err error): RAX c, RBX op, RCX n, RDI:RSI err.
+	{pConnDone, "sockets.traceIO", false},
+}
+
+// uprobes is the set of attached uprobes and the reader of their ring.
+type uprobes struct {
+	coll     *ebpf.Collection
+	links    []link.Link
+	rd       *ringbuf.Reader
+	attached []string // the probes' symbols, without modPath
+	missing  []string // symbols the binary lacks
+}
+
+// errNoSymbols: the target has none of the library's functions.
+var errNoSymbols = errors.New("no sandirect functions in the binary")
+
+// attachUprobes loads the program and attaches it at the entry of every
+// function of probes that exe has, for process pid only.
+func attachUprobes(exe string, pid, ringSize int) (_ *uprobes, err error) {
+	spec, err := loadSdtrace()
+	if err != nil {
+		return nil, err
+	}
+	spec.Maps["events"].MaxEntries = uint32(ringSize)
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		return nil, loadError(err)
+	}
+	u := &uprobes{coll: coll}
+	defer func() {
+		if err != nil {
+			u.close()
+		}
+	}()
+	ex, err := link.OpenExecutable(exe)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", exe, err)
+	}
+	var names []string
+	for _, p := range probes {
+		names = append(names, modPath+p.sym)
+	}
+	offs, err := funcOffsets(exe, names)
+	if err != nil {
+		return nil, err
+	}
+	prog := coll.Programs["go_entry"]
+	for _, p := range probes {
+		cookie := uint64(p.id)
+		if p.deref {
+			cookie |= cookieDerefRBX
+		}
+		off, ok := offs[modPath+p.sym]
+		if !ok {
+			u.missing = append(u.missing, p.sym)
+			continue
+		}
+		l, err := ex.Uprobe(modPath+p.sym, prog, &link.UprobeOptions{Address: off, PID: pid, Cookie: cookie})
+		if err != nil {
+			return nil, uprobeError(p.sym, err)
+		}
+		u.links = append(u.links, l)
+		u.attached = append(u.attached, p.sym)
+	}
+	if len(u.links) == 0 {
+		return nil, fmt.Errorf("%s: %w (looked for %s…)", exe, errNoSymbols, modPath)
+	}
+	if u.rd, err = ringbuf.NewReader(coll.Maps["events"]); err != nil {
+		return nil, fmt.Errorf("ring buffer reader: %w", err)
+	}
+	return u, nil
+}
+
+// lost returns the records lost to a full ring so far.
+func (u *uprobes) lost() uint64 {
+	var n uint64
+	if err := u.coll.Maps["lost"].Lookup(uint32(0), &n); err != nil {
+		return 0
+	}
+	return n
+}
+
+func (u *uprobes) close() {
+	if u.rd != nil {
+		u.rd.Close()
+	}
+	for _, l := range u.links {
+		l.Close()
+	}
+	u.coll.Close()
+}
+
+// loadError explains why the program could not be loaded.
+func loadError(err error) error {
+	if errors.Is(err, os.ErrPermission) {
+		what := "bpf(2) for this process"
+		if !sys.HasCap(sys.CapBPF) && !sys.HasCap(sys.CapSysAdmin) {
+			what = "CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN, or root)"
+		}
+		return feature.Unsupported(what, "", fmt.Errorf("loading the uprobe program: %w", err))
+	}
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return feature.Unsupported("BPF ring buffer", "5.8", err)
+	}
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) && len(ve.Log) > 2 {
+		return fmt.Errorf("load uprobe program: %w (log tail: %s)", ve.Cause, strings.Join(ve.Log[len(ve.Log)-2:], " | "))
+	}
+	return fmt.Errorf("load uprobe program: %w", err)
+}
+
+// uprobeError explains why a uprobe could not be attached.
+func uprobeError(sym string, err error) error {
+	switch {
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, ebpf.ErrNotSupported):
+		// No uprobe PMU (/sys/bus/event_source/devices/uprobe) and no
+		// tracefs uprobe_events, or no attach cookies (Linux 5.15).
+		return feature.Unsupported("uprobes with attach cookies", "5.15", fmt.Errorf("%s: %w", sym, err))
+	case errors.Is(err, os.ErrPermission):
+		return feature.Unsupported("CAP_PERFMON (or CAP_SYS_ADMIN, or root)", "", fmt.Errorf("uprobe on %s: %w", sym, err))
+	}
+	return fmt.Errorf("uprobe on %s: %w", sym, err)
+}

@@ -1,0 +1,379 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/bpfmon"
+	"github.com/sandirect/sandirect/nic"
+)
+
+// Event is one line of the event stream (and of -json).
+type Event struct {
+	Time time.Time `json:"time"`
+	// Kind is register, deregister, invalidate, nic, sockets (uprobes),
+	// syscall, counters (syscall mode), lost, start.
+	Kind string `json:"kind"`
+	// Op: hit or miss (register); send, recv, rdma-write, rdma-read
+	// (nic); read or write (sockets); the system call (syscall).
+	Op  string `json:"op,omitempty"`
+	Tid uint32 `json:"tid,omitempty"`
+
+	Addr uint64 `json:"addr,omitempty"` // the buffer, or the range of a syscall
+	Len  uint64 `json:"len,omitempty"`
+	// Entry is the cache entry a register hit, a deregister or an
+	// invalidation concerns: its page-aligned registered range.
+	Entry *Range `json:"entry,omitempty"`
+	// Range is the part of the address space an invalidation removes.
+	Range *Range `json:"range,omitempty"`
+	// Cause is the system call that made the invalidation, as the
+	// target's thread CauseTid made it; empty when none was seen (an
+	// explicit Invalidate or a freed library buffer).
+	Cause    string `json:"cause,omitempty"`
+	CauseTid uint32 `json:"cause_tid,omitempty"`
+	Unmapped bool   `json:"unmapped,omitempty"` // the pages are gone (not only remapped or discarded)
+
+	QP     uint64 `json:"qp,omitempty"` // the queue pair (its address in the target)
+	WR     uint64 `json:"wr,omitempty"` // the work request id
+	Status string `json:"status,omitempty"`
+	Conn   uint64 `json:"conn,omitempty"` // the connection (its address in the target)
+
+	Bytes     int64 `json:"bytes"`               // moved, or asked for (register)
+	Requested int64 `json:"requested,omitempty"` // sockets: len(b)
+	Failed    bool  `json:"failed,omitempty"`    // sockets: returned an error
+	LatencyNS int64 `json:"latency_ns,omitempty"`
+
+	Counters map[string]int64 `json:"counters,omitempty"` // syscall mode: change since the last line
+	Lost     uint64           `json:"lost,omitempty"`
+	Note     string           `json:"note,omitempty"`
+}
+
+// Range is [Addr, Addr+Len).
+type Range struct {
+	Addr uint64 `json:"addr"`
+	Len  uint64 `json:"len"`
+}
+
+func (r *Range) String() string { return fmt.Sprintf("[%#x,+%#x)", r.Addr, r.Len) }
+
+// printer writes events as text or JSON lines.
+type printer struct {
+	w      io.Writer
+	json   bool
+	quiet  bool            // histograms only
+	kinds  map[string]bool // nil: every kind
+	header bool
+}
+
+func (p *printer) want(kind string) bool {
+	if kind == "start" || kind == "lost" || kind == "note" {
+		return true
+	}
+	return !p.quiet && (p.kinds == nil || p.kinds[kind])
+}
+
+func (p *printer) event(e *Event) error {
+	if !p.want(e.Kind) {
+		return nil
+	}
+	if p.json {
+		b, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(p.w, "%s\n", b)
+		return err
+	}
+	_, err := io.WriteString(p.w, e.text()+"\n")
+	return err
+}
+
+func (p *printer) hists(hs *histograms) error {
+	if p.json {
+		for _, j := range hs.json() {
+			b, err := json.Marshal(j)
+			if err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintf(p.w, "%s\n", b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	hs.printText(p.w)
+	return nil
+}
+
+func lat(ns int64) string {
+	return time.Duration(ns).String()
+}
+
+// text is the event's line: time, thread, kind, then key=value fields.
+func (e *Event) text() string {
+	var b strings.Builder
+	b.WriteString(e.Time.Format("15:04:05.000000"))
+	if e.Tid != 0 {
+		fmt.Fprintf(&b, " %-7d", e.Tid)
+	} else {
+		b.WriteString(" -      ")
+	}
+	fmt.Fprintf(&b, " %-10s", e.Kind)
+	kv := func(k, v string) { b.WriteString(" " + k + "=" + v) }
+	if e.Op != "" {
+		fmt.Fprintf(&b, " %-10s", e.Op)
+	}
+	switch e.Kind {
+	case "register", "deregister":
+		kv("addr", fmt.Sprintf("%#x", e.Addr))
+		kv("len", strconv.FormatUint(e.Len, 10))
+		if e.Entry != nil {
+			kv("entry", e.Entry.String())
+		}
+	case "invalidate":
+		if e.Entry != nil {
+			kv("entry", e.Entry.String())
+		}
+		kv("range", e.Range.String())
+		cause := e.Cause
+		if cause == "" {
+			cause = "none-seen"
+		} else if e.CauseTid != 0 {
+			cause += "@" + strconv.FormatUint(uint64(e.CauseTid), 10)
+		}
+		kv("cause", cause)
+		if e.Unmapped {
+			b.WriteString(" unmapped")
+		}
+	case "nic":
+		kv("qp", fmt.Sprintf("%#x", e.QP))
+		kv("wr", strconv.FormatUint(e.WR, 10))
+		kv("bytes", strconv.FormatInt(e.Bytes, 10))
+		kv("status", e.Status)
+	case "sockets":
+		kv("conn", fmt.Sprintf("%#x", e.Conn))
+		kv("bytes", strconv.FormatInt(e.Bytes, 10))
+		kv("of", strconv.FormatInt(e.Requested, 10))
+		if e.Failed {
+			b.WriteString(" error")
+		}
+	case "syscall":
+		kv("range", (&Range{e.Addr, e.Len}).String())
+	case "counters":
+		for _, k := range counterOrder {
+			if v, ok := e.Counters[k]; ok {
+				kv(k, fmt.Sprintf("%+d", v))
+			}
+		}
+	case "lost":
+		kv("records", strconv.FormatUint(e.Lost, 10))
+	}
+	if e.LatencyNS != 0 {
+		kv("lat", lat(e.LatencyNS))
+	}
+	if e.Note != "" {
+		b.WriteString(" " + e.Note)
+	}
+	return b.String()
+}
+
+// correlator turns probe records into events: it pairs the entry probes of
+// a call with the probe that marks its outcome (by goroutine, or by queue
+// pair and work request), and finds the system call behind an
+// invalidation.
+type correlator struct {
+	clock  *clock
+	hists  *histograms
+	regs   map[uint64]pendingReg // goroutine → RegisterFor in progress
+	io     map[uint64]pendingIO  // goroutine → Read or Write in progress
+	wrs    map[wrKey][]pendingWR // posted work requests, oldest first
+	recent []bpfmon.Event        // system calls seen lately, oldest first
+	mon    *bpfmon.Monitor       // nil: causes are not known
+}
+
+type pendingReg struct {
+	ts        uint64
+	addr, len uint64
+}
+
+type pendingIO struct {
+	ts   uint64
+	conn uint64
+	len  int64
+	op   string
+}
+
+type wrKey struct {
+	qp, id uint64
+	recv   bool
+}
+
+type pendingWR struct {
+	ts  uint64
+	op  nic.Opcode
+	len int64
+}
+
+// Bounds on what the correlator keeps for calls whose end it never sees
+// (a failed register, a goroutine that exited, a queue pair that died).
+const (
+	maxPending = 1 << 16
+	maxPerWR   = 1 << 12
+	maxRecent  = 1 << 12
+)
+
+func newCorrelator(c *clock, hs *histograms, mon *bpfmon.Monitor) *correlator {
+	return &correlator{
+		clock: c, hists: hs, mon: mon,
+		regs: map[uint64]pendingReg{}, io: map[uint64]pendingIO{}, wrs: map[wrKey][]pendingWR{},
+	}
+}
+
+// handle turns r into an event, or nil when r only starts a call.
+func (c *correlator) handle(r *record) *Event {
+	g, a := r.g, &r.regs
+	ev := &Event{Time: c.clock.wall(r.ts), Tid: r.tid}
+	entry := func() *Range {
+		if !r.derefOK {
+			return nil
+		}
+		return &Range{r.deref[0], r.deref[1]}
+	}
+	switch r.probe {
+	case pRegister:
+		if len(c.regs) >= maxPending {
+			clear(c.regs)
+		}
+		c.regs[g] = pendingReg{ts: r.ts, addr: a[rCX], len: a[rDI]}
+		return nil
+	case pHit:
+		ev.Kind, ev.Op, ev.Entry = "register", "hit", entry()
+		if p, ok := c.regs[g]; ok {
+			delete(c.regs, g)
+			ev.Addr, ev.Len, ev.Bytes = p.addr, p.len, int64(p.len)
+			ev.LatencyNS = int64(r.ts - p.ts)
+			c.hists.add("register hit", time.Duration(ev.LatencyNS))
+		}
+	case pMiss:
+		delete(c.regs, g)
+		ev.Kind, ev.Op = "register", "miss"
+		ev.Addr, ev.Len, ev.Bytes = a[rCX], a[rDI], int64(a[rDI])
+	case pDeregister:
+		ev.Kind, ev.Entry = "deregister", entry()
+		ev.Addr, ev.Len, ev.Bytes = a[rCX], a[rDI], int64(a[rDI])
+	case pInvalidate:
+		ev.Kind, ev.Entry = "invalidate", entry()
+		ev.Range = &Range{a[rCX], a[rDI] - a[rCX]}
+		ev.Unmapped = a[rSI]&0xff != 0
+		if sc, ok := c.cause(a[rCX], a[rDI]); ok {
+			ev.Cause, ev.CauseTid = sc.Syscall.String(), sc.Tid
+		}
+	case pPostSend:
+		c.post(wrKey{a[rAX], a[rBX], false}, pendingWR{r.ts, nic.Opcode(a[rCX]), int64(a[rSI])})
+		return nil
+	case pPostRecv:
+		c.post(wrKey{a[rAX], a[rBX], true}, pendingWR{r.ts, nic.OpRecv, int64(a[rDI])})
+		return nil
+	case pComplete:
+		op := nic.Opcode(a[rCX])
+		ev.Kind, ev.Op = "nic", op.String()
+		ev.WR, ev.QP = a[rBX], a[r8]
+		ev.Status = nic.Status(a[rDI]).String()
+		ev.Bytes = int64(a[rSI])
+		k := wrKey{ev.QP, ev.WR, op == nic.OpRecv}
+		if q := c.wrs[k]; len(q) > 0 {
+			p := q[0]
+			if len(q) == 1 {
+				delete(c.wrs, k)
+			} else {
+				c.wrs[k] = q[1:]
+			}
+			ev.LatencyNS = int64(r.ts - p.ts)
+			c.hists.add("nic "+ev.Op, time.Duration(ev.LatencyNS))
+		}
+	case pConnRead, pConnWrite:
+		if len(c.io) >= maxPending {
+			clear(c.io)
+		}
+		op := "read"
+		if r.probe == pConnWrite {
+			op = "write"
+		}
+		c.io[g] = pendingIO{ts: r.ts, conn: a[rAX], len: int64(a[rCX]), op: op}
+		return nil
+	case pConnDone:
+		ev.Kind, ev.Conn = "sockets", a[rAX]
+		ev.Op = map[uint64]string{1: "read", 2: "write"}[a[rBX]&0xff]
+		ev.Bytes = int64(a[rCX])
+		ev.Failed = a[rDI] != 0
+		if p, ok := c.io[g]; ok && p.conn == ev.Conn {
+			delete(c.io, g)
+			ev.Requested = p.len
+			ev.LatencyNS = int64(r.ts - p.ts)
+			c.hists.add("sockets "+ev.Op, time.Duration(ev.LatencyNS))
+		}
+	default:
+		return nil
+	}
+	return ev
+}
+
+func (c *correlator) post(k wrKey, p pendingWR) {
+	q := c.wrs[k]
+	if len(q) >= maxPerWR {
+		q = q[1:]
+	}
+	if len(c.wrs) >= maxPending {
+		clear(c.wrs)
+	}
+	c.wrs[k] = append(q, p)
+}
+
+// cause finds the latest system call seen that overlaps [lo, hi),
+// draining the monitor first, and waiting for it a little when nothing
+// matches: the target's own monitor and ours run at the same system call
+// entry, in either order.
+func (c *correlator) cause(lo, hi uint64) (bpfmon.Event, bool) {
+	if c.mon == nil {
+		return bpfmon.Event{}, false
+	}
+	deadline := time.Now().Add(10 * time.Millisecond)
+	for {
+		c.drainSyscalls()
+		for i := len(c.recent) - 1; i >= 0; i-- {
+			e := c.recent[i]
+			s, l := uint64(e.Start), uint64(e.Length)
+			if s < hi && lo < s+l {
+				return e, true
+			}
+		}
+		if c.mon.Wait(deadline) != nil {
+			return bpfmon.Event{}, false
+		}
+	}
+}
+
+func (c *correlator) drainSyscalls() {
+	c.mon.Drain(func(e bpfmon.Event) {
+		if len(c.recent) >= maxRecent {
+			c.recent = append(c.recent[:0], c.recent[maxRecent/2:]...)
+		}
+		c.recent = append(c.recent, e)
+	})
+}
+
+// clock converts CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns) to wall
+// time.
+type clock struct {
+	offset int64 // wall − monotonic, ns
+}
+
+func newClock(mono func() int64) *clock {
+	return &clock{offset: time.Now().UnixNano() - mono()}
+}
+
+func (c *clock) wall(mono uint64) time.Time { return time.Unix(0, int64(mono)+c.offset) }
