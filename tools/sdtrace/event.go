@@ -8,21 +8,26 @@ import (
 // The record go_entry writes (struct event in bpf/sdtrace.c), little
 // endian:
 //
-//	0     8        16   24    28        32                    104        120
-//	+-----+--------+----+-----+---------+---------------------+----------+
-//	| ts  | cookie | g  | tid | derefOK | regs[9]: RAX RBX RCX | deref[2] |
-//	|     |        |    |     |         | RDI RSI R8 R9 R10 R11|          |
-//	+-----+--------+----+-----+---------+---------------------+----------+
+//	0     8        16   24    28       32                     104          168          232
+//	+-----+--------+----+-----+--------+----------------------+------------+------------+
+//	| ts  | cookie | g  | tid | copied | regs[9]: RAX RBX RCX | deref[64]: | stack[64]: |
+//	|     |        |    |     |        | RDI RSI R8 R9 R10 R11| *RBX       | SP+8       |
+//	+-----+--------+----+-----+--------+----------------------+------------+------------+
 const (
 	offTS      = 0
 	offCookie  = offTS + 8
 	offG       = offCookie + 8
 	offTid     = offG + 8
-	offDerefOK = offTid + 4
-	offRegs    = offDerefOK + 4
+	offCopied  = offTid + 4
+	offRegs    = offCopied + 4
 	nRegs      = 9
 	offDeref   = offRegs + 8*nRegs
-	recordSize = offDeref + 16
+	copyBytes  = 64
+	offStack   = offDeref + copyBytes
+	recordSize = offStack + copyBytes
+
+	copiedDeref = 1 // COPIED_DEREF: deref holds the bytes at RBX
+	copiedStack = 2 // COPIED_STACK: stack holds the stack arguments
 )
 
 // The argument registers of Go's register ABI on amd64, in order.
@@ -41,7 +46,8 @@ const (
 // The cookie of an attachment: the probe in the low 16 bits, and flags.
 const (
 	cookieProbeMask = 0xffff
-	cookieDerefRBX  = 1 << 16 // copy the two words RBX points at
+	cookieDerefRBX  = 1 << 16 // copy the 64 bytes RBX points at
+	cookieStack     = 1 << 17 // copy the 64 bytes of stack arguments
 )
 
 // record is one probe hit as the BPF program reports it.
@@ -50,9 +56,19 @@ type record struct {
 	probe   probeID
 	g       uint64 // the goroutine (R14)
 	tid     uint32
-	derefOK bool
+	derefOK bool // deref holds the bytes at RBX
+	stackOK bool // stack holds the stack arguments
 	regs    [nRegs]uint64
-	deref   [2]uint64
+	deref   [copyBytes]byte
+	stack   [copyBytes]byte
+}
+
+// word returns the 8 bytes at off of b (deref or stack), little endian.
+func word(b *[copyBytes]byte, off uintptr) uint64 {
+	if off+8 > copyBytes {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(b[off:])
 }
 
 func decodeRecord(b []byte) (record, error) {
@@ -61,16 +77,18 @@ func decodeRecord(b []byte) (record, error) {
 	}
 	le := binary.LittleEndian
 	r := record{
-		ts:      le.Uint64(b[offTS:]),
-		probe:   probeID(le.Uint64(b[offCookie:]) & cookieProbeMask),
-		g:       le.Uint64(b[offG:]),
-		tid:     le.Uint32(b[offTid:]),
-		derefOK: le.Uint32(b[offDerefOK:]) != 0,
+		ts:    le.Uint64(b[offTS:]),
+		probe: probeID(le.Uint64(b[offCookie:]) & cookieProbeMask),
+		g:     le.Uint64(b[offG:]),
+		tid:   le.Uint32(b[offTid:]),
 	}
+	copied := le.Uint32(b[offCopied:])
+	r.derefOK = copied&copiedDeref != 0
+	r.stackOK = copied&copiedStack != 0
 	for i := range r.regs {
 		r.regs[i] = le.Uint64(b[offRegs+8*i:])
 	}
-	r.deref[0] = le.Uint64(b[offDeref:])
-	r.deref[1] = le.Uint64(b[offDeref+8:])
+	copy(r.deref[:], b[offDeref:])
+	copy(r.stack[:], b[offStack:])
 	return r, nil
 }

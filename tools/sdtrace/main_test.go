@@ -411,7 +411,7 @@ func TestUprobes(t *testing.T) {
 	pid := strconv.Itoa(w.child.Cmd.Process.Pid)
 	out, stop := sdtrace(t, "-mode", "uprobe", "-json", pid)
 	start := decodeEvents(t, out.snapshot()[:1])[0]
-	if start.Kind != "start" || start.Op != "uprobe" || !strings.Contains(start.Note, "probes=11") {
+	if start.Kind != "start" || start.Op != "uprobe" || !strings.Contains(start.Note, fmt.Sprintf("probes=%d", len(probes))) {
 		t.Errorf("start: %+v", start)
 	}
 	r := w.round(t)
@@ -661,9 +661,10 @@ func TestRecordLayout(t *testing.T) {
 		{"cookie", unsafe.Offsetof(e.Cookie), offCookie},
 		{"g", unsafe.Offsetof(e.G), offG},
 		{"tid", unsafe.Offsetof(e.Tid), offTid},
-		{"deref_ok", unsafe.Offsetof(e.DerefOk), offDerefOK},
+		{"copied", unsafe.Offsetof(e.Copied), offCopied},
 		{"regs", unsafe.Offsetof(e.Regs), offRegs},
 		{"deref", unsafe.Offsetof(e.Deref), offDeref},
+		{"stack", unsafe.Offsetof(e.Stack), offStack},
 		{"size", unsafe.Sizeof(e), recordSize},
 	} {
 		if c.got != c.want {
@@ -693,4 +694,48 @@ func TestHistogramBuckets(t *testing.T) {
 func excerpt(s string, lines int) string {
 	l := strings.SplitN(s, "\n", lines+1)
 	return strings.Join(l[:min(lines, len(l))], "\n")
+}
+
+// TestABI checks the register assignment of struct arguments against the
+// rules of Go's internal ABI (the end-to-end tests check it against the
+// compiler's on the real work requests).
+func TestABI(t *testing.T) {
+	type small struct {
+		ID    uint64
+		Op    uint8
+		Local []byte
+	}
+	a := newStructArg(small{}, 1)
+	if !a.inRegs {
+		t.Fatal("a 5-word struct after a receiver is not in registers")
+	}
+	for _, c := range []struct {
+		name string
+		word int
+		reg  int
+	}{{"ID", 0, rBX}, {"Op", 0, rCX}, {"Local", 0, rDI}, {"Local", 1, rSI}} {
+		if l := a.loc(c.name, c.word); !l.inReg || l.reg != c.reg {
+			t.Errorf("%s word %d: %+v, want register %d", c.name, c.word, l, c.reg)
+		}
+	}
+	type big struct {
+		A, B, C, D uint64
+		S          []byte
+		E          bool
+	}
+	b := newStructArg(big{}, 1) // 1 + 8 words fits exactly: 9
+	if !b.inRegs {
+		t.Error("1 + 8 words not in registers")
+	}
+	b = newStructArg(big{}, 2) // 10 words: on the stack, as in memory
+	if l := b.loc("S", 1); b.inRegs || l.inReg || l.off != 40 {
+		t.Errorf("10 words: inRegs %v, S.len at %+v, want stack offset 40", b.inRegs, l)
+	}
+	type float struct {
+		X float64
+		N int
+	}
+	if newStructArg(float{}, 1).inRegs {
+		t.Error("a struct with a float counted as integer registers")
+	}
 }

@@ -25,7 +25,8 @@ const (
 	pInvalidate                    // pin.(*Cache).invalidateEntryLocked
 	pPostSend                      // nic.(*QueuePair).PostSend
 	pPostRecv                      // nic.(*QueuePair).PostRecv
-	pComplete                      // nic.(*CompletionQueue).push
+	pSendDone                      // nic.(*QueuePair).finishSend: a send, RDMA Write or Read completes
+	pRecvCopy                      // nic.safeCopy: a message lands in a posted receive (or RDMA copies)
 	pConnRead                      // sockets.(*Conn).Read
 	pConnWrite                     // sockets.(*Conn).Write
 	pConnDone                      // sockets.traceIO: a Read or Write returns
@@ -42,38 +43,41 @@ const modPath = "github.com/sandirect/sandirect/"
 type probe struct {
 	id    probeID
 	sym   string
-	deref bool // read the two words at RBX (a pin entry: Addr, Len)
+	deref bool // copy the 64 bytes at RBX (a pin entry, a work request)
+	stack bool // copy the 64 bytes of stack arguments
 }
 
 var probes = []probe{
 	// RegisterFor(c, owner Owner, buf []byte, access Access):
 	// RAX c, RBX owner, RCX buf.ptr, RDI buf.len, RSI buf.cap, R8 access.
-	{pRegister, "pin.(*Cache).RegisterFor", false},
-	// acquireLocked(c, e *entry, owner, access): RBX e → e.Addr, e.Len.
-	{pHit, "pin.(*Cache).acquireLocked", true},
+	{id: pRegister, sym: "pin.(*Cache).RegisterFor"},
+	// acquireLocked(c, e *entry, owner, access): RBX e, whose first field
+	// is its Region: Addr, Len.
+	{id: pHit, sym: "pin.(*Cache).acquireLocked", deref: true},
 	// missLocked(c, owner, buf []byte, addr, end uintptr, access):
 	// RCX buf.ptr, RDI buf.len, R8 addr, R9 end, R10 access.
-	{pMiss, "pin.(*Cache).missLocked", false},
+	{id: pMiss, sym: "pin.(*Cache).missLocked"},
 	// Deregister(c, h Handle{e, addr, n, access}): RBX e, RCX addr, RDI n.
-	{pDeregister, "pin.(*Cache).Deregister", true},
+	{id: pDeregister, sym: "pin.(*Cache).Deregister", deref: true},
 	// invalidateEntryLocked(c, e *entry, s span{lo, hi}, gone bool):
 	// RBX e, RCX s.lo, RDI s.hi, RSI gone.
-	{pInvalidate, "pin.(*Cache).invalidateEntryLocked", true},
-	// PostSend(qp, wr SendWR{ID, Op, Local []byte, LKey, Remote, RKey}):
-	// RAX qp, RBX ID, RCX Op, RDI Local.ptr, RSI Local.len, R8 cap, R9
-	// LKey, R10 Remote, R11 RKey.
-	{pPostSend, "nic.(*QueuePair).PostSend", false},
-	// PostRecv(qp, wr RecvWR{ID, Buf []byte, LKey}): RAX qp, RBX ID, RCX
-	// Buf.ptr, RDI Buf.len.
-	{pPostRecv, "nic.(*QueuePair).PostRecv", false},
-	// push(cq, c Completion{ID, Op, Status, Bytes, QP, Reason}): RBX ID,
-	// RCX Op, RDI Status, RSI Bytes, R8 QP, R9:R10 Reason.
-	{pComplete, "nic.(*CompletionQueue).push", false},
+	{id: pInvalidate, sym: "pin.(*Cache).invalidateEntryLocked", deref: true},
+	// PostSend(qp, wr SendWR), PostRecv(qp, wr RecvWR): RAX qp; wr in the
+	// registers after it or, when it does not fit, on the stack (abi.go).
+	{id: pPostSend, sym: "nic.(*QueuePair).PostSend", stack: true},
+	{id: pPostRecv, sym: "nic.(*QueuePair).PostRecv", stack: true},
+	// finishSend(qp, wr *SendWR, bytes int, st Status, reason error):
+	// RAX qp, RBX wr (ID, Op through it), RCX bytes, RDI st. Every send,
+	// RDMA Write and RDMA Read ends here, unsignaled ones too.
+	{id: pSendDone, sym: "nic.(*QueuePair).finishSend", deref: true},
+	// safeCopy(dst, src []byte): RAX dst.ptr, RSI src.len. An incoming
+	// send is copied into its posted receive buffer with it.
+	{id: pRecvCopy, sym: "nic.safeCopy"},
 	// Read(c, b []byte), Write(c, b []byte): RAX c, RBX b.ptr, RCX b.len.
-	{pConnRead, "sockets.(*Conn).Read", false},
-	{pConnWrite, "sockets.(*Conn).Write", false},
+	{id: pConnRead, sym: "sockets.(*Conn).Read"},
+	{id: pConnWrite, sym: "sockets.(*Conn).Write"},
 	// traceIO(c, op ioOp, n int, err error): RAX c, RBX op, RCX n, RDI:RSI err.
-	{pConnDone, "sockets.traceIO", false},
+	{id: pConnDone, sym: "sockets.traceIO"},
 }
 
 // uprobes is the set of attached uprobes and the reader of their ring.
@@ -123,6 +127,9 @@ func attachUprobes(exe string, pid, ringSize int) (_ *uprobes, err error) {
 		cookie := uint64(p.id)
 		if p.deref {
 			cookie |= cookieDerefRBX
+		}
+		if p.stack {
+			cookie |= cookieStack
 		}
 		off, ok := offs[modPath+p.sym]
 		if !ok {

@@ -14,14 +14,15 @@ import (
 )
 
 type sdtraceEvent struct {
-	_       structs.HostLayout
-	Ts      uint64
-	Cookie  uint64
-	G       uint64
-	Tid     uint32
-	DerefOk uint32
-	Regs    [9]uint64
-	Deref   [2]uint64
+	_      structs.HostLayout
+	Ts     uint64
+	Cookie uint64
+	G      uint64
+	Tid    uint32
+	Copied uint32
+	Regs   [9]uint64
+	Deref  [8]uint64
+	Stack  [8]uint64
 }
 
 // Names of all BPF objects in the ELF.

@@ -188,11 +188,12 @@ func (e *Event) text() string {
 type correlator struct {
 	clock  *clock
 	hists  *histograms
-	regs   map[uint64]pendingReg // goroutine → RegisterFor in progress
-	io     map[uint64]pendingIO  // goroutine → Read or Write in progress
-	wrs    map[wrKey][]pendingWR // posted work requests, oldest first
-	recent []bpfmon.Event        // system calls seen lately, oldest first
-	mon    *bpfmon.Monitor       // nil: causes are not known
+	regs   map[uint64]pendingReg  // goroutine → RegisterFor in progress
+	io     map[uint64]pendingIO   // goroutine → Read or Write in progress
+	wrs    map[wrKey][]pendingWR  // posted sends, oldest first
+	recvs  map[uint64][]pendingWR // posted receives by buffer address, oldest first
+	recent []bpfmon.Event         // system calls seen lately, oldest first
+	mon    *bpfmon.Monitor        // nil: causes are not known
 }
 
 type pendingReg struct {
@@ -207,15 +208,13 @@ type pendingIO struct {
 	op   string
 }
 
-type wrKey struct {
-	qp, id uint64
-	recv   bool
-}
+type wrKey struct{ qp, id uint64 }
 
 type pendingWR struct {
-	ts  uint64
-	op  nic.Opcode
-	len int64
+	ts     uint64
+	op     nic.Opcode
+	len    int64
+	qp, id uint64 // receives
 }
 
 // Bounds on what the correlator keeps for calls whose end it never sees
@@ -229,7 +228,8 @@ const (
 func newCorrelator(c *clock, hs *histograms, mon *bpfmon.Monitor) *correlator {
 	return &correlator{
 		clock: c, hists: hs, mon: mon,
-		regs: map[uint64]pendingReg{}, io: map[uint64]pendingIO{}, wrs: map[wrKey][]pendingWR{},
+		regs: map[uint64]pendingReg{}, io: map[uint64]pendingIO{},
+		wrs: map[wrKey][]pendingWR{}, recvs: map[uint64][]pendingWR{},
 	}
 }
 
@@ -241,7 +241,7 @@ func (c *correlator) handle(r *record) *Event {
 		if !r.derefOK {
 			return nil
 		}
-		return &Range{r.deref[0], r.deref[1]}
+		return &Range{word(&r.deref, 0), word(&r.deref, 8)} // entry.Region.Addr, .Len
 	}
 	switch r.probe {
 	case pRegister:
@@ -273,28 +273,48 @@ func (c *correlator) handle(r *record) *Event {
 			ev.Cause, ev.CauseTid = sc.Syscall.String(), sc.Tid
 		}
 	case pPostSend:
-		c.post(wrKey{a[rAX], a[rBX], false}, pendingWR{r.ts, nic.Opcode(a[rCX]), int64(a[rSI])})
+		id, ok1 := sendID.get(r)
+		op, ok2 := sendOp.get(r)
+		n, ok3 := sendLen.get(r)
+		if ok1 && ok2 && ok3 {
+			c.wrs[wrKey{a[rAX], id}] = push(c.wrs[wrKey{a[rAX], id}], pendingWR{ts: r.ts, op: nic.Opcode(op), len: int64(n)})
+			c.bound()
+		}
 		return nil
 	case pPostRecv:
-		c.post(wrKey{a[rAX], a[rBX], true}, pendingWR{r.ts, nic.OpRecv, int64(a[rDI])})
+		id, ok1 := recvID.get(r)
+		buf, ok2 := recvBuf.get(r)
+		n, ok3 := recvLen.get(r)
+		if ok1 && ok2 && ok3 {
+			c.recvs[buf] = push(c.recvs[buf], pendingWR{ts: r.ts, op: nic.OpRecv, len: int64(n), qp: a[rAX], id: id})
+			c.bound()
+		}
 		return nil
-	case pComplete:
-		op := nic.Opcode(a[rCX])
+	case pSendDone:
+		if !r.derefOK {
+			return nil
+		}
+		op := nic.Opcode(word(&r.deref, sendOpOff) & 0xff)
 		ev.Kind, ev.Op = "nic", op.String()
-		ev.WR, ev.QP = a[rBX], a[r8]
-		ev.Status = nic.Status(a[rDI]).String()
-		ev.Bytes = int64(a[rSI])
-		k := wrKey{ev.QP, ev.WR, op == nic.OpRecv}
-		if q := c.wrs[k]; len(q) > 0 {
-			p := q[0]
-			if len(q) == 1 {
-				delete(c.wrs, k)
-			} else {
-				c.wrs[k] = q[1:]
-			}
+		ev.QP, ev.WR = a[rAX], word(&r.deref, sendIDOff)
+		ev.Status = nic.Status(a[rDI] & 0xff).String()
+		ev.Bytes = int64(a[rCX])
+		k := wrKey{ev.QP, ev.WR}
+		if p, ok := pop(c.wrs, k); ok {
 			ev.LatencyNS = int64(r.ts - p.ts)
 			c.hists.add("nic "+ev.Op, time.Duration(ev.LatencyNS))
 		}
+	case pRecvCopy:
+		// Only copies into a posted receive buffer are receives.
+		p, ok := pop(c.recvs, a[rAX])
+		if !ok {
+			return nil
+		}
+		ev.Kind, ev.Op = "nic", nic.OpRecv.String()
+		ev.QP, ev.WR, ev.Status = p.qp, p.id, nic.StatusSuccess.String()
+		ev.Bytes = int64(a[rSI])
+		ev.LatencyNS = int64(r.ts - p.ts)
+		c.hists.add("nic recv", time.Duration(ev.LatencyNS))
 	case pConnRead, pConnWrite:
 		if len(c.io) >= maxPending {
 			clear(c.io)
@@ -322,15 +342,38 @@ func (c *correlator) handle(r *record) *Event {
 	return ev
 }
 
-func (c *correlator) post(k wrKey, p pendingWR) {
-	q := c.wrs[k]
+// push appends p to a queue of pending requests, dropping the oldest
+// when it is full.
+func push(q []pendingWR, p pendingWR) []pendingWR {
 	if len(q) >= maxPerWR {
 		q = q[1:]
 	}
-	if len(c.wrs) >= maxPending {
+	return append(q, p)
+}
+
+// pop takes the oldest pending request of key k.
+func pop[K comparable](m map[K][]pendingWR, k K) (pendingWR, bool) {
+	q := m[k]
+	if len(q) == 0 {
+		return pendingWR{}, false
+	}
+	if len(q) == 1 {
+		delete(m, k)
+	} else {
+		m[k] = q[1:]
+	}
+	return q[0], true
+}
+
+// bound forgets every pending request when too many keys accumulate
+// (requests whose end was never seen).
+func (c *correlator) bound() {
+	if len(c.wrs) > maxPending {
 		clear(c.wrs)
 	}
-	c.wrs[k] = append(q, p)
+	if len(c.recvs) > maxPending {
+		clear(c.recvs)
+	}
 }
 
 // cause finds the latest system call seen that overlaps [lo, hi),

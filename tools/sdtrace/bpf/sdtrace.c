@@ -6,8 +6,9 @@
 // (amd64: RAX, RBX, RCX, RDI, RSI, R8, R9, R10, R11), the goroutine pointer
 // (R14) and a timestamp into a ring buffer record; user space (../probes.go)
 // knows what each probe's registers mean. With COOKIE_DEREF_RBX it also
-// copies the first two words of the object RBX points at (a pin entry's
-// registered range).
+// copies the first 64 bytes of the object RBX points at (a pin entry, a
+// work request), and with COOKIE_STACK the first 64 bytes of the stack
+// arguments (at SP+8 on entry: arguments that did not fit in registers).
 //
 // Entry probes only: a uretprobe rewrites the return address on the
 // goroutine's stack, which the Go runtime moves and unwinds, and kills the
@@ -25,15 +26,21 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 #define COOKIE_PROBE_MASK 0xffff
 #define COOKIE_DEREF_RBX  (1ULL << 16)
+#define COOKIE_STACK      (1ULL << 17)
+
+// Bits of event.copied.
+#define COPIED_DEREF 1
+#define COPIED_STACK 2
 
 struct event {
 	__u64 ts;      // bpf_ktime_get_ns (CLOCK_MONOTONIC)
 	__u64 cookie;  // the attachment's cookie
 	__u64 g;       // R14: the current goroutine
 	__u32 tid;     // the thread, global id
-	__u32 deref_ok; // 1 when deref holds the words at RBX
+	__u32 copied;  // COPIED_*: which of deref and stack hold data
 	__u64 regs[9]; // RAX, RBX, RCX, RDI, RSI, R8, R9, R10, R11
-	__u64 deref[2];
+	__u64 deref[8]; // the 64 bytes at RBX
+	__u64 stack[8]; // the 64 bytes at SP+8
 };
 
 // Puts struct event in the object's BTF, for bpf2go (-type event) and the
@@ -84,13 +91,17 @@ int go_entry(struct uregs *ctx)
 	e->regs[6] = ctx->r9;
 	e->regs[7] = ctx->r10;
 	e->regs[8] = ctx->r11;
-	e->deref[0] = 0;
-	e->deref[1] = 0;
-	e->deref_ok = 0;
-	if (cookie & COOKIE_DEREF_RBX) {
-		if (bpf_probe_read_user(e->deref, sizeof(e->deref), (void *)ctx->bx) == 0)
-			e->deref_ok = 1;
-	}
+	e->copied = 0;
+	if (!(cookie & COOKIE_DEREF_RBX) ||
+	    bpf_probe_read_user(e->deref, sizeof(e->deref), (void *)ctx->bx) != 0)
+		__builtin_memset(e->deref, 0, sizeof(e->deref));
+	else
+		e->copied |= COPIED_DEREF;
+	if (!(cookie & COOKIE_STACK) ||
+	    bpf_probe_read_user(e->stack, sizeof(e->stack), (void *)(ctx->sp + 8)) != 0)
+		__builtin_memset(e->stack, 0, sizeof(e->stack));
+	else
+		e->copied |= COPIED_STACK;
 	bpf_ringbuf_submit(e, 0);
 	return 0;
 }
