@@ -20,10 +20,10 @@ package main
 // abstract address), tcp (loopback) and pipe (a pair of os.Pipe inherited
 // by the peer); ours, through package sockets: sockets/busy and
 // sockets/block (network "sandirect", an "@abstract" address, the wait
-// mode set in sockets.Config) and sockets/tcp (network "tcp" on 127.0.0.1
-// with the default configuration: what a program gets that changed
-// net.Dial to sockets.Dial and nothing else; on this host that is shared
-// memory). cloudwego/shmipc-go is measured by its own module, bench/shmipc,
+// mode set in sockets.Config) and sockets/forcetcp (network "tcp" on
+// 127.0.0.1 with Config.ForceTCP: the package's plain-TCP path, what a
+// program gets from sockets.Dial to another host; both ends are checked to
+// be *net.TCPConn, so it is never shared memory). cloudwego/shmipc-go is measured by its own module, bench/shmipc,
 // and merged in (shmipc.go). Memory per idle connection of ours closes the
 // suite (connIdle).
 //
@@ -63,7 +63,7 @@ import (
 func init() {
 	register(&Suite{
 		Name: "conn",
-		Doc:  "net.Conn ping-pong and streaming, 8 B-16 MiB: sockets (busy, block, tcp) vs unix, tcp, pipe, shmipc-go",
+		Doc:  "net.Conn ping-pong and streaming, 8 B-16 MiB: sockets (busy, block, forcetcp) vs unix, tcp, pipe, shmipc-go",
 		Run:  runConn,
 		Rows: connRows,
 	})
@@ -77,7 +77,7 @@ func init() {
 		target{name: "sockets/block 8B p50 / futex/unpinned p50",
 			num: recordKey{"conn", "pingpong", "sockets/block", 8, metricLatP50},
 			den: recordKey{"floor", "pingpong", "futex/unpinned", 4, metricLatP50}, limit: 1.1, atMost: true})
-	for _, mode := range []string{"sockets/busy", "sockets/block", "sockets/tcp"} {
+	for _, mode := range []string{"sockets/busy", "sockets/block"} {
 		for _, size := range []int{miB, 4 * miB, 16 * miB} {
 			targets = append(targets,
 				target{name: fmt.Sprintf("%s stream %s / unix", mode, fsize(size)),
@@ -129,14 +129,15 @@ var connTransports = []*connTransport{
 		dial: dialNet("tcp")},
 	{name: "pipe", listen: listenPipe, dial: dialPipe},
 	{name: "sockets/busy", busy: true,
-		listen: listenSockets("sandirect", shm.WaitBusyPoll),
-		dial:   dialSockets("sandirect", shm.WaitBusyPoll)},
+		listen: listenSockets("sandirect", shm.WaitBusyPoll, false),
+		dial:   dialSockets("sandirect", shm.WaitBusyPoll, false)},
 	{name: "sockets/block",
-		listen: listenSockets("sandirect", shm.WaitBlock),
-		dial:   dialSockets("sandirect", shm.WaitBlock)},
-	{name: "sockets/tcp",
-		listen: listenSockets("tcp", shm.WaitAdaptive),
-		dial:   dialSockets("tcp", shm.WaitAdaptive)},
+		listen: listenSockets("sandirect", shm.WaitBlock, false),
+		dial:   dialSockets("sandirect", shm.WaitBlock, false)},
+	// Our TCP path, not shared memory: "tcp" to loopback with ForceTCP.
+	{name: "sockets/forcetcp",
+		listen: listenSockets("tcp", shm.WaitAdaptive, true),
+		dial:   dialSockets("tcp", shm.WaitAdaptive, true)},
 }
 
 func lookupConnTransport(name string) *connTransport {
@@ -177,20 +178,38 @@ func dialNet(network string) func(context.Context, string) (io.ReadWriteCloser, 
 	}
 }
 
-// sockets: network "sandirect" on an abstract name, or "tcp" on loopback
-// (which must come out as shared memory: a fall-back to TCP fails the
-// transport rather than being measured under our name).
-func socketsConfig(mode shm.WaitMode) *sockets.Config {
+// sockets: network "sandirect" on an abstract name, which must come out as
+// shared memory, or "tcp" on loopback with ForceTCP, which must come out as
+// TCP: a connection of the other kind fails the transport rather than
+// being measured under its name.
+func socketsConfig(mode shm.WaitMode, forceTCP bool) *sockets.Config {
 	cfg := sockets.DefaultConfig()
 	if mode != shm.WaitAdaptive {
 		cfg.Wait = shm.WaitConfig{Mode: mode}
 	}
+	cfg.ForceTCP = forceTCP
 	return &cfg
+}
+
+// checkKind fails c unless it is of the kind the transport measures.
+func checkKind(c net.Conn, tcp bool, what string) error {
+	_, isTCP := c.(*net.TCPConn)
+	_, isSHM := c.(*sockets.Conn)
+	switch {
+	case tcp && !isTCP:
+		c.Close()
+		return fmt.Errorf("%s a %T, not a TCP connection", what, c)
+	case !tcp && !isSHM:
+		c.Close()
+		return fmt.Errorf("%s a %T, not a shared-memory connection", what, c)
+	}
+	return nil
 }
 
 type socketsListener struct {
 	net.Listener
 	addr string
+	tcp  bool // accept TCP connections only (else shared memory only)
 }
 
 func (l socketsListener) Addr() string { return l.addr }
@@ -200,16 +219,15 @@ func (l socketsListener) Accept() (io.ReadWriteCloser, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := c.(*sockets.Conn); !ok {
-		c.Close()
-		return nil, fmt.Errorf("accepted a %T, not a shared-memory connection", c)
+	if err := checkKind(c, l.tcp, "accepted"); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
 
-func listenSockets(network string, mode shm.WaitMode) func(context.Context, string) (connListener, error) {
+func listenSockets(network string, mode shm.WaitMode, forceTCP bool) func(context.Context, string) (connListener, error) {
 	return func(ctx context.Context, name string) (connListener, error) {
-		lc := sockets.ListenConfig{Config: socketsConfig(mode)}
+		lc := sockets.ListenConfig{Config: socketsConfig(mode, forceTCP)}
 		addr := connAddr(name)
 		if network == "tcp" {
 			addr = "127.0.0.1:0"
@@ -218,20 +236,19 @@ func listenSockets(network string, mode shm.WaitMode) func(context.Context, stri
 		if err != nil {
 			return nil, err
 		}
-		return socketsListener{l, l.Addr().String()}, nil
+		return socketsListener{l, l.Addr().String(), forceTCP}, nil
 	}
 }
 
-func dialSockets(network string, mode shm.WaitMode) func(context.Context, string) (io.ReadWriteCloser, error) {
+func dialSockets(network string, mode shm.WaitMode, forceTCP bool) func(context.Context, string) (io.ReadWriteCloser, error) {
 	return func(ctx context.Context, addr string) (io.ReadWriteCloser, error) {
-		d := sockets.Dialer{Config: socketsConfig(mode)}
+		d := sockets.Dialer{Config: socketsConfig(mode, forceTCP)}
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		if _, ok := c.(*sockets.Conn); !ok {
-			c.Close()
-			return nil, fmt.Errorf("dial %s %s gave a %T, not a shared-memory connection", network, addr, c)
+		if err := checkKind(c, forceTCP, fmt.Sprintf("dial %s %s gave", network, addr)); err != nil {
+			return nil, err
 		}
 		return c, nil
 	}
@@ -796,7 +813,7 @@ func connServe(c io.ReadWriter, counted bool) error {
 // measurement, so that what every process pays once (the device, the
 // connection manager) is not counted.
 func connIdle(ctx context.Context, env *Env, p *peer) ([]Record, error) {
-	lc := sockets.ListenConfig{Config: socketsConfig(shm.WaitBlock)}
+	lc := sockets.ListenConfig{Config: socketsConfig(shm.WaitBlock, false)}
 	ln, err := lc.Listen(ctx, "sandirect", connAddr("idle"))
 	if err != nil {
 		return nil, err
@@ -865,7 +882,7 @@ func idlePeer(pc *peerConn, cmd ctlMsg) error {
 	if cmd.Size < 2 {
 		return fmt.Errorf("%d connections", cmd.Size)
 	}
-	d := sockets.Dialer{Config: socketsConfig(shm.WaitBlock)}
+	d := sockets.Dialer{Config: socketsConfig(shm.WaitBlock, false)}
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {

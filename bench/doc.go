@@ -6,7 +6,7 @@
 //
 // With no SUITE every registered suite runs, in registration order (file
 // name order; -h lists them): conn (net.Conn ping-pong and streaming, 8 B
-// to 16 MiB: sockets/busy, sockets/block and sockets/tcp against unix, tcp,
+// to 16 MiB: sockets/busy, sockets/block and sockets/forcetcp against unix, tcp,
 // pipe and cloudwego/shmipc-go; memory per idle connection), floor
 // (cache-line and futex round trips between two processes, single-core
 // copy() bandwidth), pin (the registration cache), rdma (the emulated
@@ -55,7 +55,9 @@
 // median chunk), bw_min_gbps, bw_max_gbps, rate_mps, mem_bytes.
 // Transports: cacheline, futex, futex/unpinned, memcpy, ring/busy,
 // ring/block, nic/shm, nic/cma, cma/raw, pin/…, unix, tcp, pipe,
-// sockets/busy, sockets/block, sockets/tcp, shmipc. Other tools read these
+// sockets/busy, sockets/block, sockets/forcetcp (until 2026-11 this row was
+// sockets/tcp, a tcp address that the dialer routed over shared memory),
+// shmipc. Other tools read these
 // names: keep them stable.
 //
 // # Adding a suite
