@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: builds sandirect's benchmark harness and runs every suite in
 # quick mode (a minute or two), two real processes per measurement: our
-# transport (sockets/busy, sockets/block, sockets/tcp) side by side with a
+# transport (sockets/busy, sockets/block, sockets/forcetcp) side by side with a
 # Unix socket, TCP loopback, a pipe, cloudwego/shmipc-go and the floors
 # (cache-line and futex round trips, single-core copy, raw
 # process_vm_readv/writev). It prints the tables, the targets and the paths
