@@ -36,6 +36,15 @@ type MemoryRegion struct {
 	off uint64
 }
 
+// Owner names whom a registration is made for — a connection, say — so
+// that Flush can release what it left in the registration cache when it
+// goes (seed 000: a socket's cached registrations are released before it
+// closes). NoOwner's registrations are shared and stay cached.
+type Owner = pin.Owner
+
+// NoOwner owns the registrations of Register and RegisterRemote.
+const NoOwner = pin.NoOwner
+
 // Buf returns the registered buffer.
 func (mr *MemoryRegion) Buf() []byte { return mr.buf }
 
@@ -46,7 +55,25 @@ func (d *Device) Register(buf []byte, access Access) (*MemoryRegion, error) {
 	if access&remoteAccess != 0 {
 		return nil, fmt.Errorf("nic: Register with remote access: use RegisterRemote")
 	}
-	return d.register(buf, access)
+	return d.register(NoOwner, buf, access)
+}
+
+// RegisterFor is Register or, with a remote access flag, RegisterRemote,
+// on behalf of owner: the pinned pages stay cached after Deregister until
+// Flush(owner), eviction or invalidation.
+func (d *Device) RegisterFor(owner Owner, buf []byte, access Access) (*MemoryRegion, error) {
+	return d.register(owner, buf, access)
+}
+
+// Flush releases the cached registrations of owner: unpinned now when no
+// region uses them, at their last Deregister otherwise, and never handed
+// out again. It returns how many it released. Call it when the owner's
+// connection closes, after deregistering its regions.
+func (d *Device) Flush(owner Owner) int {
+	if d.cache == nil || owner == NoOwner {
+		return 0
+	}
+	return d.cache.Flush(owner)
 }
 
 // RegisterRemote registers buf and exposes it to peers with a fresh,
@@ -55,7 +82,7 @@ func (d *Device) RegisterRemote(buf []byte, access Access) (*MemoryRegion, error
 	if access&remoteAccess == 0 {
 		return nil, fmt.Errorf("nic: RegisterRemote without remote access")
 	}
-	return d.register(buf, access)
+	return d.register(NoOwner, buf, access)
 }
 
 // Deregister releases a region from Register or RegisterRemote; a remote
@@ -79,7 +106,7 @@ func (d *Device) Deregister(mr *MemoryRegion) error {
 	return nil
 }
 
-func (d *Device) register(buf []byte, access Access) (*MemoryRegion, error) {
+func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("nic: register of an empty buffer")
 	}
@@ -97,7 +124,7 @@ func (d *Device) register(buf []byte, access Access) (*MemoryRegion, error) {
 	if d.cache != nil {
 		// Pins the pages, or finds them pinned already (a cache hit makes
 		// no system call). Fails with ENOBUFS past the pinning budget.
-		h, err := d.cache.Register(buf, 0)
+		h, err := d.cache.RegisterFor(owner, buf, 0)
 		if err != nil {
 			return nil, fmt.Errorf("nic: register: %w", err)
 		}

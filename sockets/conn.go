@@ -25,6 +25,7 @@ type Conn struct {
 	netw         string
 	laddr, raddr net.Addr
 	stats        stats
+	owner        nic.Owner // the connection's cached registrations: flushed at teardown
 
 	// Lock order: rmu, then wmu, then mu, then the device's and the
 	// nic's locks. rmu is held by Read for its whole call, wmu by Write

@@ -173,14 +173,8 @@ func (d *device) putTemp(b []byte) {
 func (d *device) dropTemp(b []byte) {}
 
 // register registers buf with the nic; a full table is an ENOBUFS error.
-func (d *device) register(buf []byte, access nic.Access) (*nic.MemoryRegion, error) {
-	var mr *nic.MemoryRegion
-	var err error
-	if access&(nic.AccessRemoteRead|nic.AccessRemoteWrite) != 0 {
-		mr, err = d.nic.RegisterRemote(buf, access)
-	} else {
-		mr, err = d.nic.Register(buf, access)
-	}
+func (d *device) register(owner nic.Owner, buf []byte, access nic.Access) (*nic.MemoryRegion, error) {
+	mr, err := d.nic.RegisterFor(owner, buf, access)
 	if errors.Is(err, syscall.ENOBUFS) {
 		return nil, enobufs("register", err)
 	}

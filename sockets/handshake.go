@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandirect/sandirect/nic"
 )
+
+// nextOwner numbers connections as owners of cached registrations.
+var nextOwner atomic.Uint64
 
 // newConn sets a connection up on a connected queue pair: it registers
 // the control-message pool and the doorbell, posts the receive buffers,
@@ -19,6 +23,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		cfg: cfg, dev: d, qp: qp, cq: cq, netw: netw, laddr: laddr, raddr: raddr,
 		rdl: makeDeadline(), wdl: makeDeadline(),
 		closing: make(chan struct{}), tornDown: make(chan struct{}),
+		owner: nic.Owner(nextOwner.Add(1)),
 	}
 	c.stats.register()
 	c.dialer = dialer
@@ -38,13 +43,13 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	send := make([]byte, S*B)
 	c.bell = make([]byte, 8)
 	var err error
-	if c.recvMR, err = d.register(recv, nic.AccessLocalWrite); err != nil {
+	if c.recvMR, err = d.register(c.owner, recv, nic.AccessLocalWrite); err != nil {
 		return fail(err)
 	}
-	if c.sendMR, err = d.register(send, 0); err != nil {
+	if c.sendMR, err = d.register(c.owner, send, 0); err != nil {
 		return fail(err)
 	}
-	if c.bellMR, err = d.register(c.bell, nic.AccessRemoteWrite); err != nil {
+	if c.bellMR, err = d.register(c.owner, c.bell, nic.AccessRemoteWrite); err != nil {
 		return fail(err)
 	}
 	c.stats.count(cRegisters, 3)

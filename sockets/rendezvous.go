@@ -112,7 +112,7 @@ func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, er
 	}
 	try := func(cp bool) error {
 		if !cp {
-			mr, err := c.dev.register(body, access)
+			mr, err := c.dev.register(c.owner, body, access)
 			if err != nil {
 				return err
 			}
@@ -124,7 +124,8 @@ func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, er
 		if err != nil {
 			return err
 		}
-		mr, err := c.dev.register(t[:len(body)], access)
+		// Temporary memory is the device's, reused by every connection.
+		mr, err := c.dev.register(nic.NoOwner, t[:len(body)], access)
 		if err != nil {
 			c.dev.putTemp(t)
 			return err
@@ -623,7 +624,7 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	var err error
 	if direct {
 		buf = dst[:min(uint32(len(dst)), rem)]
-		if mr, err = c.dev.register(buf, access); err != nil {
+		if mr, err = c.dev.register(c.owner, buf, access); err != nil {
 			direct = false
 			c.stats.count(cFallbacks, 1)
 		}
@@ -635,7 +636,7 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 			}
 		}
 		buf = c.stage[:min(rem, uint32(len(c.stage)))]
-		if mr, err = c.dev.register(buf, access); err != nil {
+		if mr, err = c.dev.register(nic.NoOwner, buf, access); err != nil {
 			c.releaseStageLocked()
 			return err
 		}

@@ -692,6 +692,10 @@ func (c *Conn) teardown() {
 		dereg(&c.bellMR)
 		dereg(&c.sendMR)
 		dereg(&c.recvMR)
+		// Seed 000: the connection's cached registrations go with it —
+		// its control buffers, and the application buffers it pinned for
+		// zero-copy sends and direct reads.
+		d.nic.Flush(c.owner)
 		c.wakeLocked()
 		abortSent := c.abortSent
 		c.mu.Unlock()
