@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/sandirect/sandirect/internal/bpfmon"
+	"github.com/sandirect/sandirect/internal/feature"
 	"github.com/sandirect/sandirect/internal/sys"
 )
 
@@ -297,6 +298,9 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	}
 	mon, merr := openSyscalls(o.pid)
 	if merr != nil {
+		if errors.Is(merr, os.ErrPermission) && (uerr == nil || errors.Is(uerr, os.ErrPermission)) {
+			return &missingError{what: missingPrivilege(), err: os.ErrPermission}
+		}
 		if uerr != nil {
 			return fmt.Errorf("eBPF cannot trace here: uprobes: %v; system call probes: %w", uerr, merr)
 		}
@@ -308,6 +312,33 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		note = "(no uprobes: " + oneLine(uerr) + ")"
 	}
 	return traceSyscalls(ctx, o, p, mon, note)
+}
+
+// missingError says what this process lacks to run eBPF at all. It
+// matches ErrNotSupported.
+type missingError struct {
+	what string
+	err  error
+}
+
+func (e *missingError) Error() string {
+	return "eBPF cannot run here: missing " + e.what + " (bpf(2): " + e.err.Error() + ")"
+}
+
+func (e *missingError) Is(target error) bool { return target == feature.ErrNotSupported }
+func (e *missingError) Unwrap() error        { return e.err }
+
+// missingPrivilege names the capabilities that eBPF needs and this
+// process lacks.
+func missingPrivilege() string {
+	admin := sys.HasCap(sys.CapSysAdmin)
+	switch {
+	case !admin && !sys.HasCap(sys.CapBPF):
+		return "CAP_BPF and CAP_PERFMON (or root)"
+	case !admin && !sys.HasCap(sys.CapPerfmon):
+		return "CAP_PERFMON (or root)"
+	}
+	return "permission to use bpf(2) (kernel lockdown, or a seccomp or LSM policy)"
 }
 
 // checkEvery is how often the loops look at the context and the target

@@ -577,7 +577,7 @@ func TestUnprivileged(t *testing.T) {
 		t.Fatalf("exit: %v, want status 1", err)
 	}
 	out := c.Output()
-	if !strings.HasPrefix(out, "sdtrace: ") || strings.Count(out, "\n") != 1 || !strings.Contains(out, "CAP_BPF") {
+	if !strings.HasPrefix(out, "sdtrace: ") || strings.Count(out, "\n") != 1 || !strings.Contains(out, "missing CAP_BPF and CAP_PERFMON (or root)") {
 		t.Errorf("stderr is not one line naming CAP_BPF: %q", out)
 	}
 }

@@ -105,6 +105,7 @@ func (p *printer) hists(hs *histograms) error {
 		}
 		return nil
 	}
+	fmt.Fprintf(p.w, "\n--- %s latency histograms\n", time.Now().Format("15:04:05"))
 	hs.printText(p.w)
 	return nil
 }
