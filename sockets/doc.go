@@ -26,7 +26,10 @@
 // large source is either registered in place (zero copy: the write waits
 // until the peer took it) or copied into temporary device memory (the
 // write returns at once); the switch picks by how the application
-// behaves, and Counters show which path every byte took.
+// behaves, and Counters show which path every byte took. GlobalStats
+// adds them up for the process, which publishes them for tools/sdstat as
+// the group "sockets" while it has a connection or listener (publish.go);
+// tools/sdtrace traces Reads and Writes with uprobes (trace.go).
 //
 // # Progress and waiting
 //

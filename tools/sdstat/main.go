@@ -148,7 +148,7 @@ func parseArgs(stdout io.Writer, args []string) (*options, error) {
 	fs.Var(watchFlag{&o.watch}, "watch", "print again every `INTERVAL` (default 1s when given alone), with rates per second")
 	fs.IntVar(&o.count, "count", o.count, "with -watch, stop after `N` updates (0: until interrupted)")
 	fs.BoolVar(&o.json, "json", o.json, "print JSON: one object, or one per line with -watch")
-	fs.StringVar(&o.group, "g", o.group, "show only groups that start with `PREFIX` (device/1, device/1/qp, conn, …)")
+	fs.StringVar(&o.group, "g", o.group, "show only groups that start with `PREFIX` (device/1, device/1/qp, sockets, …)")
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
