@@ -85,6 +85,12 @@ type Config struct {
 	// MaxRegions bounds the registration table of the device (nic).
 	// Default 4096.
 	MaxRegions int
+	// MaxPinnedBytes bounds the memory the device's registration cache
+	// keeps locked: zero-copy sources, direct-read sinks, control buffers
+	// and temporary memory. Past it a write fails with ENOBUFS after the
+	// bytes it accepted. Default (0): pin's default, from RLIMIT_MEMLOCK
+	// and the machine's memory.
+	MaxPinnedBytes int64
 	// Wait says how a blocked call waits for the peer: busy polling,
 	// blocking on a futex, or spinning then blocking (default).
 	Wait shm.WaitConfig
@@ -191,6 +197,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: StagingSize %d outside [4096, %d]", ErrConfig, c.StagingSize, maxTransfer)
 	case c.DirectRead < 1:
 		return fmt.Errorf("%w: DirectRead must be positive", ErrConfig)
+	case c.MaxPinnedBytes < 0:
+		return fmt.Errorf("%w: negative MaxPinnedBytes", ErrConfig)
 	case c.MaxRegions < 1:
 		return fmt.Errorf("%w: MaxRegions must be positive", ErrConfig)
 	case c.ZeroCopy > ZeroCopyNever:

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -17,6 +18,7 @@ type devKey struct {
 	maxRegions int
 	ringCap    int
 	tempMemory int
+	maxPinned  int64
 }
 
 // device is a nic device shared by the connections and listeners of one
@@ -52,6 +54,7 @@ func acquireDevice(cfg *Config) (*device, error) {
 		maxRegions: cfg.MaxRegions,
 		ringCap:    ringCapacity(cfg.Window, cfg.BufferSize),
 		tempMemory: cfg.TempMemory,
+		maxPinned:  cfg.MaxPinnedBytes,
 	}
 	devices.mu.Lock()
 	defer devices.mu.Unlock()
@@ -69,6 +72,11 @@ func acquireDevice(cfg *Config) (*device, error) {
 	// for the engine otherwise (the engine's goroutine hand-off costs
 	// microseconds, and a core when the caller spins).
 	nc.InlineExec = maxTransfer
+	if key.maxPinned > 0 {
+		pc := pin.DefaultConfig()
+		pc.MaxPinnedBytes = key.maxPinned
+		nc.Pin = &pc
+	}
 	nd, err := nic.Open(&nc)
 	if err != nil {
 		return nil, fmt.Errorf("sockets: open device: %w", err)

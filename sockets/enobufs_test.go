@@ -22,17 +22,22 @@ func TestENOBUFS(t *testing.T) {
 		zeroCopy    ZeroCopy
 		noRead      bool
 		wantENOBUFS bool
+		maxPinned   int64 // the writer's pinning budget; 0: default
 	}{
-		{"no-region", 3, 0, ZeroCopyAuto, false, true},
-		{"no-region/write", 3, 0, ZeroCopyAuto, true, true},
-		{"one-region", 4, 0, ZeroCopyNever, false, false},
-		{"no-temp-memory", 4, 64 << 10, ZeroCopyNever, false, false},
-		{"no-temp-memory/no-region", 3, 64 << 10, ZeroCopyNever, false, true},
+		{"no-region", 3, 0, ZeroCopyAuto, false, true, 0},
+		{"no-region/write", 3, 0, ZeroCopyAuto, true, true, 0},
+		{"one-region", 4, 0, ZeroCopyNever, false, false, 0},
+		{"no-temp-memory", 4, 64 << 10, ZeroCopyNever, false, false, 0},
+		{"no-temp-memory/no-region", 3, 64 << 10, ZeroCopyNever, false, true, 0},
+		// The control buffers fit in 48 KiB; no source or 64 KiB copy does.
+		{"pinned-bytes", 4096, 0, ZeroCopyAuto, false, true, 48 << 10},
+		{"pinned-bytes/write", 4096, 0, ZeroCopyAuto, true, true, 48 << 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := smallConfig()
 			w.MaxRegions = tc.maxRegions
 			w.ZeroCopy = tc.zeroCopy
+			w.MaxPinnedBytes = tc.maxPinned
 			if tc.tempMemory != 0 {
 				w.TempMemory = tc.tempMemory
 				w.CopyChunk = 128 << 10 // larger than the temporary memory
