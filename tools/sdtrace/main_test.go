@@ -538,6 +538,26 @@ func TestSyscallMode(t *testing.T) {
 	}
 }
 
+// TestAutoFallback: in auto mode, a binary without the library's functions
+// (here one named on the command line) leaves the system call probes and
+// the counters, and the start line says why.
+func TestAutoFallback(t *testing.T) {
+	w := startWorkload(t)
+	pid := strconv.Itoa(w.child.Cmd.Process.Pid)
+	out, stop := sdtrace(t, "-json", "/bin/sh", pid)
+	start := decodeEvents(t, out.snapshot()[:1])[0]
+	if start.Op != "syscall" || !strings.Contains(start.Note, "no uprobes") || !strings.Contains(start.Note, "no sandirect functions") {
+		t.Errorf("start: %+v", start)
+	}
+	r := w.round(t)
+	jsonMatch(t, out, "the munmap", func(e *Event) bool {
+		return e.Kind == "syscall" && e.Op == "munmap" && e.Addr == r.UnmapAddr && e.Len == unmapSize
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestTargetExit: sdtrace ends, with its histograms, when the target dies.
 func TestTargetExit(t *testing.T) {
 	w := startWorkload(t)
