@@ -76,6 +76,16 @@ func (d *Device) Flush(owner Owner) int {
 	return d.cache.Flush(owner)
 }
 
+// Cached tells whether registering buf would find its pages pinned
+// already (a cache hit: no system call). Without a registration cache
+// (Config.NoPinning) nothing is pinned and it is always true.
+func (d *Device) Cached(buf []byte) bool {
+	if d.cache == nil {
+		return len(buf) > 0
+	}
+	return d.cache.Cached(buf, 0)
+}
+
 // RegisterRemote registers buf and exposes it to peers with a fresh,
 // unpredictable rkey (the seed's WSPRegisterRdmaMemory).
 func (d *Device) RegisterRemote(buf []byte, access Access) (*MemoryRegion, error) {

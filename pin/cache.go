@@ -78,6 +78,31 @@ func (c *Cache) Register(buf []byte, access Access) (Handle, error) {
 	return c.RegisterFor(NoOwner, buf, access)
 }
 
+// Cached tells whether registering buf with access would be a hit: a
+// cached registration covers it, so RegisterFor would make no system call.
+// It pins and counts nothing. Safe for concurrent use.
+func (c *Cache) Cached(buf []byte, access Access) bool {
+	if len(buf) == 0 {
+		return false
+	}
+	access &= accessAll
+	addr := sys.Addr(buf)
+	end := addr + uintptr(len(buf))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	if c.epoch.Load() != c.applied {
+		c.drainLocked()
+	}
+	if i := c.idx.floor(addr); i >= 0 {
+		e := c.idx.ents[i]
+		return end <= e.hi && access&^e.Access == 0
+	}
+	return false
+}
+
 // RegisterFor pins buf (the page-aligned superset of it), registers it with
 // the NIC and, for remote access, exposes it, on behalf of owner. A cached
 // registration covering buf with at least the access asked for is reused: no

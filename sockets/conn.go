@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/nic"
 )
 
@@ -107,6 +108,10 @@ type session struct {
 	wtx           *txfer   // write rendezvous in progress
 	lastCancelled uint32   // id of the last cancelled write rendezvous, +1 (0: none)
 	copyInFlight  int
+	// The source choice's memory of the application: the previous large
+	// write's buffer, and whether this write reuses it.
+	lastWrite, lastWriteLen uintptr
+	reused                  bool
 
 	// Terminal state.
 	err       error // the connection failed: abort (ours) or reset (the peer's)
@@ -397,6 +402,13 @@ func (c *Conn) write(b []byte) (int, error) {
 	}
 	n := 0
 	large := len(b) > c.cfg.EagerThreshold
+	if large {
+		// What the source choice learns from: is this the buffer of the
+		// previous large write (the application reuses its buffers)?
+		a := mem.Addr(b)
+		c.reused = a >= c.lastWrite && a-c.lastWrite < c.lastWriteLen
+		defer func() { c.lastWrite, c.lastWriteLen = a, uintptr(len(b)) }()
+	}
 	for n < len(b) {
 		var m int
 		var err error

@@ -64,11 +64,12 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 	return m, nil
 }
 
-// chooseCopyLocked decides how the source of an n-byte rendezvous is
-// provided: copied into temporary memory (the write returns once the copy
-// is made and the rts sent) or registered in place (no copy; the write
-// waits until the peer has taken the data).
-func (c *Conn) chooseCopyLocked(n int) bool {
+// chooseCopyLocked decides how the source of a rendezvous is provided:
+// copied into temporary memory (the write returns once the copy is made
+// and the rts sent) or registered in place (no copy; the write waits until
+// the peer has taken the data).
+func (c *Conn) chooseCopyLocked(body []byte) bool {
+	n := len(body)
 	switch c.cfg.ZeroCopy {
 	case ZeroCopyAlways:
 		return false
@@ -92,6 +93,14 @@ func (c *Conn) chooseCopyLocked(n int) bool {
 		// The peer is behind: a copy would not let the write return
 		// early, it would wait for the peer all the same.
 		return false
+	case !c.reused && !c.dev.nic.Cached(body):
+		// A buffer new to the registration cache, and not the previous
+		// write's: pinning it would cost more than copying it (mlock
+		// faults and locks every page: ~150 µs a MiB here, against ~50
+		// for a copy) and the application may never write from it
+		// again. A buffer written from twice is pinned and stays cached.
+		c.stats.count(cCopyNewBuffer, 1)
+		return true
 	}
 	// Up to ZeroCopyMax the peer pulls straight from our buffer: one
 	// copy in all. Beyond, copies in CopyChunk pieces pipeline better:
@@ -177,7 +186,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	body := b[inline:]
 	read := c.peerRead
 	size := min(len(body), c.cfg.MaxTransfer, c.peerMaxXfer)
-	copyMode := c.chooseCopyLocked(size)
+	copyMode := c.chooseCopyLocked(body[:size])
 	if copyMode {
 		size = min(size, c.cfg.CopyChunk)
 		// Bound the copies the peer has not taken yet.
