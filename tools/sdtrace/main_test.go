@@ -428,6 +428,14 @@ func TestUprobes(t *testing.T) {
 	if hit.Len != regSize || !overlaps(hit.Entry, r.RegAddr, regSize) || hit.Entry.Len < regSize || hit.LatencyNS <= 0 {
 		t.Errorf("hit: %+v entry %v", hit, hit.Entry)
 	}
+	for _, how := range []string{"miss", "hit"} {
+		e := jsonMatch(t, out, "nic register, cache "+how, func(e *Event) bool {
+			return e.Kind == "nic" && e.Op == "register" && e.Addr == r.RegAddr && e.Cache == how
+		})
+		if e.Len != regSize || e.LKey == 0 || e.LatencyNS <= 0 {
+			t.Errorf("nic register (cache %s): %+v", how, e)
+		}
+	}
 	inv := jsonMatch(t, out, "invalidation of the munmapped mapping", func(e *Event) bool {
 		return e.Kind == "invalidate" && overlaps(e.Entry, r.UnmapAddr, unmapSize)
 	})
@@ -474,7 +482,7 @@ func TestUprobes(t *testing.T) {
 			hists[h.Op] = h.Count
 		}
 	}
-	for _, op := range []string{"register hit", "nic rdma-write", "nic send", "nic recv", "sockets write", "sockets read"} {
+	for _, op := range []string{"register hit", "nic register (cache miss)", "nic register (cache hit)", "nic rdma-write", "nic send", "nic recv", "sockets write", "sockets read"} {
 		if hists[op] == 0 {
 			t.Errorf("no histogram for %s: %v", op, hists)
 		}

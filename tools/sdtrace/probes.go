@@ -18,18 +18,20 @@ import (
 type probeID uint16
 
 const (
-	pRegister   probeID = iota + 1 // pin.(*Cache).RegisterFor
-	pHit                           // pin.(*Cache).acquireLocked: RegisterFor found a cached entry
-	pMiss                          // pin.(*Cache).missLocked: RegisterFor pins and registers
-	pDeregister                    // pin.(*Cache).Deregister
-	pInvalidate                    // pin.(*Cache).invalidateEntryLocked
-	pPostSend                      // nic.(*QueuePair).PostSend
-	pPostRecv                      // nic.(*QueuePair).PostRecv
-	pSendDone                      // nic.(*QueuePair).finishSend: a send, RDMA Write or Read completes
-	pRecvCopy                      // nic.safeCopy: a message lands in a posted receive (or RDMA copies)
-	pConnRead                      // sockets.(*Conn).Read
-	pConnWrite                     // sockets.(*Conn).Write
-	pConnDone                      // sockets.traceIO: a Read or Write returns
+	pRegister    probeID = iota + 1 // pin.(*Cache).RegisterFor
+	pHit                            // pin.(*Cache).acquireLocked: RegisterFor found a cached entry
+	pMiss                           // pin.(*Cache).missLocked: RegisterFor pins and registers
+	pDeregister                     // pin.(*Cache).Deregister
+	pInvalidate                     // pin.(*Cache).invalidateEntryLocked
+	pPostSend                       // nic.(*QueuePair).PostSend
+	pPostRecv                       // nic.(*QueuePair).PostRecv
+	pSendDone                       // nic.(*QueuePair).finishSend: a send, RDMA Write or Read completes
+	pRecvCopy                       // nic.safeCopy: a message lands in a posted receive (or RDMA copies)
+	pConnRead                       // sockets.(*Conn).Read
+	pConnWrite                      // sockets.(*Conn).Write
+	pConnDone                       // sockets.traceIO: a Read or Write returns
+	pNicRegister                    // nic.(*Device).register: Register, RegisterRemote
+	pNicEntry                       // nic.(*Device).writeEntry: the region enters the registration table
 )
 
 const modPath = "github.com/sandirect/sandirect/"
@@ -78,6 +80,11 @@ var probes = []probe{
 	{id: pConnWrite, sym: "sockets.(*Conn).Write"},
 	// traceIO(c, op ioOp, n int, err error): RAX c, RBX op, RCX n, RDI:RSI err.
 	{id: pConnDone, sym: "sockets.traceIO"},
+	// register(d, owner, buf []byte, access): RCX buf.ptr, RDI buf.len;
+	// it calls the cache's RegisterFor, then, on success, writeEntry(d,
+	// i int, rkey, addr, length uint64, …): RBX i, RCX rkey, RDI addr.
+	{id: pNicRegister, sym: "nic.(*Device).register"},
+	{id: pNicEntry, sym: "nic.(*Device).writeEntry"},
 }
 
 // uprobes is the set of attached uprobes and the reader of their ring.

@@ -41,6 +41,11 @@ type Event struct {
 	WR     uint64 `json:"wr,omitempty"` // the work request id
 	Status string `json:"status,omitempty"`
 	Conn   uint64 `json:"conn,omitempty"` // the connection (its address in the target)
+	// Cache is how the registration cache served a nic registration:
+	// hit or miss.
+	Cache string `json:"cache,omitempty"`
+	LKey  uint64 `json:"lkey,omitempty"`
+	RKey  uint64 `json:"rkey,omitempty"`
 
 	Bytes     int64 `json:"bytes"`               // moved, or asked for (register)
 	Requested int64 `json:"requested,omitempty"` // sockets: len(b)
@@ -151,6 +156,16 @@ func (e *Event) text() string {
 			b.WriteString(" unmapped")
 		}
 	case "nic":
+		if e.Op == "register" {
+			kv("addr", fmt.Sprintf("%#x", e.Addr))
+			kv("len", strconv.FormatUint(e.Len, 10))
+			kv("lkey", strconv.FormatUint(e.LKey, 10))
+			if e.RKey != 0 {
+				kv("rkey", fmt.Sprintf("%#x", e.RKey))
+			}
+			kv("cache", e.Cache)
+			break
+		}
 		kv("qp", fmt.Sprintf("%#x", e.QP))
 		kv("wr", strconv.FormatUint(e.WR, 10))
 		kv("bytes", strconv.FormatInt(e.Bytes, 10))
@@ -190,6 +205,7 @@ type correlator struct {
 	clock  *clock
 	hists  *histograms
 	regs   map[uint64]pendingReg  // goroutine → RegisterFor in progress
+	nregs  map[uint64]pendingReg  // goroutine → nic register in progress
 	io     map[uint64]pendingIO   // goroutine → Read or Write in progress
 	wrs    map[wrKey][]pendingWR  // posted sends, oldest first
 	recvs  map[uint64][]pendingWR // posted receives by buffer address, oldest first
@@ -200,6 +216,7 @@ type correlator struct {
 type pendingReg struct {
 	ts        uint64
 	addr, len uint64
+	cache     string // nic registrations: how the cache served it
 }
 
 type pendingIO struct {
@@ -229,7 +246,7 @@ const (
 func newCorrelator(c *clock, hs *histograms, mon *bpfmon.Monitor) *correlator {
 	return &correlator{
 		clock: c, hists: hs, mon: mon,
-		regs: map[uint64]pendingReg{}, io: map[uint64]pendingIO{},
+		regs: map[uint64]pendingReg{}, nregs: map[uint64]pendingReg{}, io: map[uint64]pendingIO{},
 		wrs: map[wrKey][]pendingWR{}, recvs: map[uint64][]pendingWR{},
 	}
 }
@@ -252,6 +269,7 @@ func (c *correlator) handle(r *record) *Event {
 		c.regs[g] = pendingReg{ts: r.ts, addr: a[rCX], len: a[rDI]}
 		return nil
 	case pHit:
+		c.noteCache(g, "hit")
 		ev.Kind, ev.Op, ev.Entry = "register", "hit", entry()
 		if p, ok := c.regs[g]; ok {
 			delete(c.regs, g)
@@ -260,6 +278,7 @@ func (c *correlator) handle(r *record) *Event {
 			c.hists.add("register hit", time.Duration(ev.LatencyNS))
 		}
 	case pMiss:
+		c.noteCache(g, "miss")
 		delete(c.regs, g)
 		ev.Kind, ev.Op = "register", "miss"
 		ev.Addr, ev.Len, ev.Bytes = a[rCX], a[rDI], int64(a[rDI])
@@ -316,6 +335,29 @@ func (c *correlator) handle(r *record) *Event {
 		ev.Bytes = int64(a[rSI])
 		ev.LatencyNS = int64(r.ts - p.ts)
 		c.hists.add("nic recv", time.Duration(ev.LatencyNS))
+	case pNicRegister:
+		if len(c.nregs) >= maxPending {
+			clear(c.nregs)
+		}
+		c.nregs[g] = pendingReg{ts: r.ts, addr: a[rCX], len: a[rDI]}
+		return nil
+	case pNicEntry:
+		// Also called when a region is revoked: only the end of a
+		// register of the same goroutine and address counts.
+		p, ok := c.nregs[g]
+		if !ok || p.addr != a[rDI] {
+			return nil
+		}
+		delete(c.nregs, g)
+		ev.Kind, ev.Op = "nic", "register"
+		ev.Addr, ev.Len, ev.Bytes = p.addr, p.len, int64(p.len)
+		ev.LKey, ev.RKey, ev.Cache = a[rBX]+1, a[rCX], p.cache
+		ev.LatencyNS = int64(r.ts - p.ts)
+		op := "nic register"
+		if p.cache != "" {
+			op += " (cache " + p.cache + ")"
+		}
+		c.hists.add(op, time.Duration(ev.LatencyNS))
 	case pConnRead, pConnWrite:
 		if len(c.io) >= maxPending {
 			clear(c.io)
@@ -341,6 +383,15 @@ func (c *correlator) handle(r *record) *Event {
 		return nil
 	}
 	return ev
+}
+
+// noteCache records how the cache served the nic registration that
+// goroutine g is making, if any.
+func (c *correlator) noteCache(g uint64, how string) {
+	if p, ok := c.nregs[g]; ok {
+		p.cache = how
+		c.nregs[g] = p
+	}
 }
 
 // push appends p to a queue of pending requests, dropping the oldest
