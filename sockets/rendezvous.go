@@ -61,6 +61,7 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 		return 0, err
 	}
 	c.stats.count(cBytesEager, uint64(m))
+	hook(stepDataSent)
 	return m, nil
 }
 
@@ -246,6 +247,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	}
 	c.stats.count(cBytesInline, uint64(inline))
 	c.stats.count(cRendezvous, 1)
+	hook(stepRTSSent)
 	if read {
 		return c.readRendezvousLocked(x, inline)
 	}
@@ -325,6 +327,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 		if x.cts && c.err == nil && !c.qpDead && !c.closed {
 			local := x.src[x.ctsOff : x.ctsOff+x.ctsLen]
 			wr := nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey}
+			hook(stepBeforeWrite)
 			x.cts, x.writing = false, true
 			// The nic copies in this goroutine (Config.InlineExec): not
 			// under mu. wmu keeps x ours.
@@ -337,6 +340,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 				continue
 			}
 			c.stats.count(cRDMAWrites, 1)
+			hook(stepBeforeWriteDone)
 			// The nic executes a queue pair's work in order: done
 			// reaches the peer after the data.
 			c.queueCtlLocked(ctlMsg{typ: msgDone, id: x.id, off: x.ctsOff, size: x.ctsLen})
@@ -580,6 +584,15 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 			if n > 0 && len(b)-n < c.cfg.DirectRead {
 				return n, false, nil
 			}
+			if c.err != nil || c.qpDead || c.torn {
+				// No rendezvous byte can come any more; a receive
+				// started now would register a buffer that a torn
+				// connection never deregisters.
+				if c.err != nil {
+					return n, false, c.err
+				}
+				return n, false, &resetError{reason: "peer gone"}
+			}
 			if err := c.startRecvLocked(e, b[n:]); err != nil {
 				return n, false, err
 			}
@@ -594,6 +607,7 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 func (c *Conn) finishRTSLocked() {
 	e := &c.rx[c.rxHead]
 	if e.read && e.size > 0 {
+		hook(stepBeforeReadDone)
 		c.queueCtlLocked(ctlMsg{typ: msgDone, id: e.id, size: e.size})
 	}
 	c.consumeLocked(e.buf, false)

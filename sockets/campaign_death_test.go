@@ -1,0 +1,562 @@
+package sockets
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/testutil"
+	"github.com/sandirect/sandirect/nic"
+)
+
+// Peer death at every step of the session protocol: a real child process
+// is killed (SIGKILL) at a step it reached and stopped at (told through its
+// notes pipe, or placed by a test hook, see hooks.go), or that the parent
+// observed in its own counters. The survivor's pending and next calls
+// return errors (the time from the kill is logged: the goal is within
+// 100 ms), its listener serves a new client, and fds, mappings, goroutines
+// and locked memory return to their baseline.
+
+// deathCase is one step at which the peer dies.
+type deathCase struct {
+	name        string
+	parentDials bool   // the parent dials the child (else the child dials the parent's listener)
+	parentCfg   Config // the survivor's (listener or dialer)
+	childCfg    Config
+	hook        step // where the child stops itself, if anywhere
+	// child runs in the child process; lnAddr is the parent's listener,
+	// own an address the child may listen on.
+	child func(cfg *Config, lnAddr, own string) error
+	// parent drives the survivor to the step and starts its pending calls;
+	// after returns, the child is killed.
+	parent func(r *deathRun)
+	// after, if set, runs the survivor's next calls after the kill (else
+	// one Read and one Write must fail).
+	after func(r *deathRun)
+}
+
+// deathRun is the parent's side of one case.
+type deathRun struct {
+	t      *testing.T
+	ln     net.Listener
+	lnAddr string
+	own    string // the child's address
+	cfg    Config
+	notes  *notes
+	conn   *Conn // the survivor's connection, once there is one
+	calls  []*pendingCall
+	killed time.Time
+	off    int // stream bytes the survivor read before the kill
+}
+
+type callResult struct {
+	n   int
+	err error
+	at  time.Time
+}
+
+type pendingCall struct {
+	name string
+	ch   chan callResult
+}
+
+// start runs f as a pending call of the survivor.
+func (r *deathRun) start(name string, f func() (int, error)) {
+	p := &pendingCall{name: name, ch: make(chan callResult, 1)}
+	r.calls = append(r.calls, p)
+	go func() {
+		n, err := f()
+		p.ch <- callResult{n, err, time.Now()}
+	}()
+}
+
+// accept takes the child's connection from the listener.
+func (r *deathRun) accept() *Conn {
+	r.t.Helper()
+	c := within(r.t, "accept", 20*time.Second, func() net.Conn {
+		c, err := r.ln.Accept()
+		if err != nil {
+			r.t.Errorf("accept: %v", err)
+			return nil
+		}
+		return c
+	})
+	if c == nil {
+		r.t.FailNow()
+	}
+	r.conn = c.(*Conn)
+	return r.conn
+}
+
+// randBytes returns n deterministic pseudo-random bytes.
+func randBytes(n int) []byte {
+	b := make([]byte, n)
+	rng := rand.New(rand.NewPCG(uint64(n), 99))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// dialParent dials the parent's listener from the child.
+func dialParent(cfg *Config, addr string) (net.Conn, error) {
+	d := Dialer{Config: cfg}
+	c, err := d.Dial("sandirect", addr)
+	if err != nil {
+		return nil, err
+	}
+	say("connected")
+	return c, nil
+}
+
+// parked is where a child waits to be killed.
+func parked() error {
+	parkForever()
+	return nil
+}
+
+// writeFlood writes eager messages until an error; a pending call.
+func writeFlood(c net.Conn) (int, error) {
+	b := make([]byte, 1000)
+	for n := 0; ; {
+		m, err := c.Write(b)
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
+func readOnce(c net.Conn) func() (int, error) {
+	return func() (int, error) { return c.Read(make([]byte, 64<<10)) }
+}
+
+const deathXfer = 1 << 20 // a rendezvous write's size
+
+func readMode() Config  { return Config{} }
+func writeMode() Config { return Config{NoRDMARead: true} }
+func withZC(c Config, z ZeroCopy) Config {
+	c.ZeroCopy = z
+	return c
+}
+
+var deathCases = []deathCase{
+	{
+		name:        "before-handshake",
+		parentDials: true,
+		// The child accepts the Unix connection and never answers the
+		// connection manager's hello.
+		child: func(cfg *Config, lnAddr, own string) error {
+			ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: own, Net: "unixpacket"})
+			if err != nil {
+				return err
+			}
+			say("listening")
+			if _, err := ln.AcceptUnix(); err != nil {
+				return err
+			}
+			say("accepted")
+			return parked()
+		},
+		parent: func(r *deathRun) {
+			r.notes.wait(r.t, "listening")
+			r.start("dial", r.dialChild)
+			r.notes.wait(r.t, "accepted")
+		},
+	},
+	{
+		name:        "handshake/dialer-survives",
+		parentDials: true,
+		// The child completes the nic handshake but never says hello.
+		child: func(cfg *Config, lnAddr, own string) error {
+			d, err := nic.Open(nil)
+			if err != nil {
+				return err
+			}
+			ln, err := d.Listen(own)
+			if err != nil {
+				return err
+			}
+			say("listening")
+			cq := d.NewCQ()
+			if _, err := ln.Accept(nic.QPOptions{SendCQ: cq, RecvCQ: cq}); err != nil {
+				return err
+			}
+			say("accepted")
+			return parked()
+		},
+		parent: func(r *deathRun) {
+			r.notes.wait(r.t, "listening")
+			r.start("dial", r.dialChild)
+			r.notes.wait(r.t, "accepted")
+		},
+	},
+	{
+		name: "handshake/acceptor-survives",
+		// The child connects a queue pair to our listener, never says
+		// hello: the listener's handshake of it must end at the kill.
+		child: func(cfg *Config, lnAddr, own string) error {
+			d, err := nic.Open(nil)
+			if err != nil {
+				return err
+			}
+			cq := d.NewCQ()
+			if _, err := d.Dial(lnAddr, nic.QPOptions{SendCQ: cq, RecvCQ: cq}); err != nil {
+				return err
+			}
+			say("connected")
+			return parked()
+		},
+		parent: func(r *deathRun) {
+			r.notes.wait(r.t, "connected")
+		},
+	},
+	{
+		name: "eager",
+		hook: stepDataSent, // after the first of three data messages
+		child: func(cfg *Config, lnAddr, own string) error {
+			c, err := dialParent(cfg, lnAddr)
+			if err != nil {
+				return err
+			}
+			_, err = c.Write(randBytes(10000))
+			return err
+		},
+		parent: func(r *deathRun) {
+			c := r.accept()
+			r.notes.wait(r.t, "at "+string(stepDataSent))
+			got := make([]byte, c.maxPayload)
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, randBytes(10000)[:len(got)]) {
+				r.t.Fatalf("first message: %v", err)
+			}
+			r.start("read", readOnce(c))
+			r.start("write", func() (int, error) { return writeFlood(c) })
+			waitFor(r.t, "a write stalled for credit", func() bool { return c.Stats().CreditStalls > 0 })
+		},
+	},
+	{
+		name:      "read-rendezvous/sender-survives",
+		parentCfg: withZC(readMode(), ZeroCopyAlways),
+		// The child takes the rts but never reads: our zero-copy write
+		// waits for its done.
+		child: func(cfg *Config, lnAddr, own string) error {
+			if _, err := dialParent(cfg, lnAddr); err != nil {
+				return err
+			}
+			return parked()
+		},
+		parent: func(r *deathRun) {
+			c := r.accept()
+			r.start("write", func() (int, error) { return c.Write(randBytes(deathXfer)) })
+			r.start("read", readOnce(c))
+			waitFor(r.t, "the rts", func() bool { return c.Stats().Rendezvous > 0 })
+		},
+	},
+	{
+		name:     "read-rendezvous/receiver-survives/zero-copy",
+		childCfg: withZC(readMode(), ZeroCopyAlways),
+		child:    childWritesBig,
+		parent:   parentReadsSome,
+		after:    parentReadsOn,
+	},
+	{
+		name:     "read-rendezvous/receiver-survives/copy",
+		childCfg: withZC(readMode(), ZeroCopyNever),
+		child:    childWritesBig,
+		parent:   parentReadsSome,
+		after:    parentReadsOn,
+	},
+	{
+		name:      "read-rendezvous/before-done",
+		parentCfg: withZC(readMode(), ZeroCopyAlways),
+		hook:      stepBeforeReadDone, // the child read everything, sends no done
+		child: func(cfg *Config, lnAddr, own string) error {
+			c, err := dialParent(cfg, lnAddr)
+			if err != nil {
+				return err
+			}
+			got := make([]byte, deathXfer)
+			_, err = io.ReadFull(c, got)
+			return err
+		},
+		parent: func(r *deathRun) {
+			c := r.accept()
+			r.start("write", func() (int, error) { return c.Write(randBytes(deathXfer)) })
+			r.start("read", readOnce(c))
+			r.notes.wait(r.t, "at "+string(stepBeforeReadDone))
+		},
+	},
+	{
+		name:     "write-rendezvous/sender-survives",
+		childCfg: writeMode(),
+		// The child takes one chunk through its staging buffer, then
+		// reads no more: our write waits for its next cts.
+		child: func(cfg *Config, lnAddr, own string) error {
+			c, err := dialParent(cfg, lnAddr)
+			if err != nil {
+				return err
+			}
+			if _, err := io.ReadFull(c, make([]byte, 8192)); err != nil {
+				return err
+			}
+			say("read")
+			return parked()
+		},
+		parent: func(r *deathRun) {
+			c := r.accept()
+			r.start("write", func() (int, error) { return c.Write(randBytes(deathXfer)) })
+			r.start("read", readOnce(c))
+			r.notes.wait(r.t, "read")
+			waitFor(r.t, "an RDMA Write", func() bool { return c.Stats().RDMAWrites > 0 })
+		},
+	},
+	{
+		name:      "write-rendezvous/receiver-survives/before-rdma-write",
+		parentCfg: writeMode(),
+		hook:      stepBeforeWrite, // our cts arrived; the child writes nothing
+		child:     childWritesBig,
+		parent:    parentAwaitsSink(stepBeforeWrite),
+	},
+	{
+		name:      "write-rendezvous/receiver-survives/before-done",
+		parentCfg: writeMode(),
+		hook:      stepBeforeWriteDone, // our sink is written, the done never comes
+		child:     childWritesBig,
+		parent:    parentAwaitsSink(stepBeforeWriteDone),
+	},
+}
+
+// childWritesBig writes 4 MiB of pattern, then waits to be killed.
+func childWritesBig(cfg *Config, lnAddr, own string) error {
+	c, err := dialParent(cfg, lnAddr)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Write(randBytes(4 << 20)); err != nil {
+		return err
+	}
+	say("written")
+	return parked()
+}
+
+// parentReadsSome reads the child's big write through the staging buffer
+// until the rendezvous is under way.
+func parentReadsSome(r *deathRun) {
+	c := r.accept()
+	want := randBytes(4 << 20)
+	got := make([]byte, c.maxPayload+32<<10)
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want[:len(got)]) {
+		r.t.Fatalf("first bytes: %v", err)
+	}
+	r.off = len(got)
+}
+
+// parentReadsOn reads on after the kill: every byte it gets is the
+// child's, and the stream ends with a reset, not EOF and not a hang.
+func parentReadsOn(r *deathRun) {
+	c := r.conn
+	want := randBytes(4 << 20)
+	off := r.off
+	buf := make([]byte, 16<<10)
+	err := within(r.t, "reading on after the kill", 10*time.Second, func() error {
+		for {
+			n, err := c.Read(buf)
+			if n > 0 && !bytes.Equal(buf[:n], want[off:off+n]) {
+				return fmt.Errorf("bytes at %d differ", off)
+			}
+			off += n
+			if err != nil {
+				return err
+			}
+		}
+	})
+	r.t.Logf("read on: %d of %d bytes, then %v after %v", off, len(want), err, time.Since(r.killed))
+	if !errors.Is(err, syscall.ECONNRESET) {
+		r.t.Fatalf("read on: %v, want a reset", err)
+	}
+}
+
+// parentAwaitsSink reads the inline part of the child's big write, then
+// offers a sink with a pending Read; the child stops at s.
+func parentAwaitsSink(s step) func(r *deathRun) {
+	return func(r *deathRun) {
+		c := r.accept()
+		got := make([]byte, c.maxPayload)
+		if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, randBytes(4 << 20)[:len(got)]) {
+			r.t.Fatalf("inline bytes: %v", err)
+		}
+		r.start("read", readOnce(c)) // 64 KiB: a direct sink
+		r.notes.wait(r.t, "at "+string(s))
+	}
+}
+
+// dialChild dials the child's address; a pending call.
+func (r *deathRun) dialChild() (int, error) {
+	cfg := r.cfg
+	d := Dialer{Config: &cfg}
+	c, err := d.Dial("sandirect", r.own)
+	if err == nil {
+		c.Close()
+		return 0, errors.New("dial succeeded")
+	}
+	return 0, err
+}
+
+func init() {
+	testutil.RegisterChild("campaign-peer", func(args []string) error {
+		name, lnAddr, own := args[0], args[1], args[2]
+		for _, tc := range deathCases {
+			if tc.name != name {
+				continue
+			}
+			if tc.hook != "" {
+				testHook = func(s step) {
+					if s == tc.hook {
+						say("at " + string(s))
+						parkForever()
+					}
+				}
+			}
+			cfg := tc.childCfg
+			err := tc.child(&cfg, lnAddr, own)
+			if err != nil {
+				say("error " + err.Error())
+			}
+			return err
+		}
+		return fmt.Errorf("no case %q", name)
+	})
+}
+
+func TestCampaignPeerDeath(t *testing.T) {
+	for _, tc := range deathCases {
+		t.Run(tc.name, func(t *testing.T) {
+			base := takeBaseline(t)
+			r := &deathRun{t: t, lnAddr: testAddr(), own: testAddr(), cfg: tc.parentCfg}
+			lc := ListenConfig{Config: &r.cfg}
+			ln, err := lc.Listen(context.Background(), "sandirect", r.lnAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.ln = ln
+			child, n := startNoted(t, "campaign-peer", tc.name, r.lnAddr, r.own)
+			r.notes = n
+			tc.parent(r)
+			for _, p := range r.calls {
+				select {
+				case res := <-p.ch:
+					t.Fatalf("pending %s returned before the kill: %d, %v", p.name, res.n, res.err)
+				default:
+				}
+			}
+
+			r.killed = time.Now()
+			child.Kill()
+			<-child.Done()
+			t.Logf("kill: child reaped after %v", time.Since(r.killed))
+
+			// Pending calls fail, and soon.
+			for _, p := range r.calls {
+				select {
+				case res := <-p.ch:
+					t.Logf("pending %s: error %v after the kill (%d bytes): %v", p.name, res.at.Sub(r.killed), res.n, res.err)
+					if res.err == nil || res.err == io.EOF {
+						t.Errorf("pending %s: %d, %v; want an error", p.name, res.n, res.err)
+					}
+					if r.conn != nil && !errors.Is(res.err, syscall.ECONNRESET) {
+						t.Errorf("pending %s: %v, want a reset", p.name, res.err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("pending %s: no return 10 s after the kill", p.name)
+				}
+			}
+			// Next calls fail at once.
+			if tc.after != nil {
+				tc.after(r)
+			} else if c := r.conn; c != nil {
+				for _, op := range []struct {
+					name string
+					f    func() (int, error)
+				}{
+					{"read", readOnce(c)},
+					{"write", func() (int, error) { return c.Write(randBytes(100)) }},
+				} {
+					start := time.Now()
+					res := within(t, "next "+op.name, 10*time.Second, func() callResult {
+						n, err := op.f()
+						return callResult{n: n, err: err}
+					})
+					t.Logf("next %s: %v after the kill, in %v: %v", op.name, time.Since(r.killed), time.Since(start), res.err)
+					if !errors.Is(res.err, syscall.ECONNRESET) {
+						t.Errorf("next %s: %d, %v; want a reset", op.name, res.n, res.err)
+					}
+				}
+			}
+			if c := r.conn; c != nil {
+				if st := c.Stats(); st.Resets == 0 {
+					t.Errorf("no reset counted: %+v", st)
+				}
+				c.Close()
+				waitTorn(t, c)
+			}
+
+			// The listener serves a new client.
+			serveNewClient(t, ln, r.lnAddr, &r.cfg)
+			ln.Close()
+			n.close()
+			base.check(t)
+		})
+	}
+}
+
+// serveNewClient dials the listener at addr, exchanges a rendezvous-sized
+// message each way with the connection it accepts, and closes both.
+func serveNewClient(t *testing.T, ln net.Listener, addr string, cfg *Config) {
+	t.Helper()
+	d := Dialer{Config: cfg}
+	c, err := d.Dial("sandirect", addr)
+	if err != nil {
+		t.Fatalf("new client: %v", err)
+	}
+	s := within(t, "accept of the new client", 20*time.Second, func() net.Conn {
+		s, err := ln.Accept()
+		if err != nil {
+			t.Errorf("accept of the new client: %v", err)
+		}
+		return s
+	})
+	if s == nil {
+		t.FailNow()
+	}
+	msg := randBytes(100 << 10)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Write(msg)
+		if err == nil {
+			_, err = io.ReadFull(s, make([]byte, len(msg)))
+		}
+		errc <- err
+	}()
+	got := make([]byte, len(msg))
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("new client read: %v", err)
+	}
+	if _, err := c.Write(msg); err != nil {
+		t.Fatalf("new client write: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("new client's server side: %v", err)
+	}
+	c.Close()
+	s.Close()
+	waitTorn(t, c)
+	waitTorn(t, s)
+}

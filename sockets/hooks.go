@@ -1,0 +1,25 @@
+package sockets
+
+// step names a point of the session protocol at which a test may stop a
+// process (to kill it there: the peer-death tests of the reliability
+// campaign).
+type step string
+
+const (
+	stepDataSent        step = "data-sent"         // a data message of a Write went out; more may follow
+	stepRTSSent         step = "rts-sent"          // an rts went out; its source is registered
+	stepBeforeWrite     step = "before-rdma-write" // write rendezvous: a cts is served next, no byte written yet
+	stepBeforeWriteDone step = "before-write-done" // write rendezvous: the RDMA Write completed, its done not sent
+	stepBeforeReadDone  step = "before-read-done"  // read rendezvous: every RDMA Read completed, the done not sent
+)
+
+// testHook is nil except in tests, which set it before any connection
+// exists. It is called at each step with Conn.mu held.
+var testHook func(step)
+
+// hook calls testHook, if set.
+func hook(s step) {
+	if testHook != nil {
+		testHook(s)
+	}
+}
