@@ -55,6 +55,7 @@ type session struct {
 	interesting bool          // a dispatch round saw more than send completions
 	wantSend    bool          // a writer waits for a free send buffer
 	changed     chan struct{} // closed after each round of dispatch; nil if nobody waits
+	rounds      uint32        // rounds of dispatch ended, and wake-ups: see progress
 	comps       [16]nic.Completion
 
 	// The control-message pool: window receive buffers and sendBufs send
@@ -377,8 +378,9 @@ func (c *Conn) read(b []byte) (int, error) {
 		if direct {
 			dl = nil // bounded: our own RDMA Read, or a sender serving our cts
 		}
+		gen := c.rounds
 		c.mu.Unlock()
-		perr := c.progress(dl, !direct)
+		perr := c.progress(gen, dl, !direct)
 		c.mu.Lock()
 		if perr != nil && !direct {
 			if n > 0 {
@@ -464,6 +466,7 @@ func (c *Conn) wake() {
 // spins or sleeps.
 func (c *Conn) wakeLocked() {
 	c.kick.Add(1)
+	c.rounds++
 	if c.changed != nil {
 		close(c.changed)
 		c.changed = nil

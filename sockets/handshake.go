@@ -77,8 +77,9 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	for !c.helloDone && c.err == nil && !c.qpDead {
 		// Nap, do not sleep: a peer that refuses us hangs up at once
 		// (see napCQ).
+		gen := c.rounds
 		c.mu.Unlock()
-		err := c.progressMode(&dl, false, true)
+		err := c.progressMode(gen, &dl, false, true)
 		c.mu.Lock()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.mu.Unlock()

@@ -43,8 +43,9 @@ func (c *Conn) waitSendLocked() error {
 
 // waitLocked runs progress with mu released.
 func (c *Conn) waitLocked(dl *deadline, stopOnClose bool) error {
+	gen := c.rounds
 	c.mu.Unlock()
-	err := c.progress(dl, stopOnClose)
+	err := c.progress(gen, dl, stopOnClose)
 	c.mu.Lock()
 	return err
 }

@@ -30,18 +30,26 @@ var (
 // says, and dispatches what it finds; or, when another goroutine polls,
 // waits for that one's next round. It returns os.ErrDeadlineExceeded when
 // dl passes (nil: no deadline) and net.ErrClosed after Close if
-// stopOnClose. The caller holds no lock and rechecks its condition.
-func (c *Conn) progress(dl *deadline, stopOnClose bool) error {
-	return c.progressMode(dl, stopOnClose, false)
+// stopOnClose. The caller holds no lock and rechecks its condition; gen
+// is c.rounds when it checked, under mu: when a round ended since, the
+// condition may hold already and progress returns at once (waiting then
+// would miss the wake-up: a cts dispatched by another poller while the
+// writer was between its check and its wait hung the write rendezvous).
+func (c *Conn) progress(gen uint32, dl *deadline, stopOnClose bool) error {
+	return c.progressMode(gen, dl, stopOnClose, false)
 }
 
 // progressMode is progress; with nap it never sleeps in
 // CompletionQueue.Wait but polls with naps (see noSleep).
-func (c *Conn) progressMode(dl *deadline, stopOnClose, nap bool) error {
+func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) error {
 	c.mu.Lock()
 	if c.torn {
 		c.mu.Unlock()
 		return net.ErrClosed
+	}
+	if c.rounds != gen {
+		c.mu.Unlock()
+		return nil // the state changed since the caller looked
 	}
 	if c.polling {
 		if c.changed == nil {
@@ -93,6 +101,7 @@ func (c *Conn) progressMode(dl *deadline, stopOnClose, nap bool) error {
 		c.mu.Unlock()
 	}
 	c.polling = false
+	c.rounds++
 	if c.changed != nil {
 		close(c.changed)
 		c.changed = nil
@@ -630,8 +639,9 @@ func (c *Conn) linger() {
 		if len(c.ctlq) == 0 && int32(c.peerAck-c.lastNonCredit) >= 0 && len(c.txq) == 0 {
 			break
 		}
+		gen := c.rounds
 		c.mu.Unlock()
-		err := c.progressMode(&dl, false, true)
+		err := c.progressMode(gen, &dl, false, true)
 		c.mu.Lock()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.abortLocked(&abortError{err: fmt.Errorf("peer consumed nothing for %v after close", c.cfg.Linger)})
@@ -729,8 +739,9 @@ func (c *Conn) ensurePumpLocked() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for len(c.ctlq) > 0 && !c.tearing && c.err == nil && !c.qpDead {
+			gen := c.rounds
 			c.mu.Unlock()
-			c.progressMode(nil, false, true)
+			c.progressMode(gen, nil, false, true)
 			c.mu.Lock()
 		}
 		c.pumping = false

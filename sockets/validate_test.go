@@ -119,7 +119,10 @@ func TestPeerValidation(t *testing.T) {
 				}
 				bad.SetReadDeadline(time.Now().Add(time.Millisecond))
 				bad.Read(nil)
-				sc.progress(nil, false)
+				sc.mu.Lock()
+				gen := sc.rounds
+				sc.mu.Unlock()
+				sc.progress(gen, nil, false)
 			}
 			var h header
 			h.SetType(msgCTS)
