@@ -311,6 +311,15 @@ func (c *Conn) pumpLocked() {
 	unacked := c.consumed - c.ackSent
 	starved := c.window-(c.received-c.ackSent) < uint32(classControl)
 	due := unacked >= c.window/2 || (c.owed > 0 && (starved || c.peerFin || c.closed))
+	// The peer's credit messages can eat the credits it keeps for control
+	// messages: when it is starved and an ack would give some back, and
+	// we have credits to spare (so two starved sides never trade credit
+	// messages), acknowledge them. Without this, a peer that spent its
+	// last credits on credit messages could never send the done our
+	// zero-copy write waits for (an echo hung so).
+	if !due && unacked > 0 && starved && c.creditsLocked() > uint32(classControl) {
+		due = true
+	}
 	if due && c.canSendLocked(classCredit) {
 		var h header
 		h.SetType(msgCredit)
