@@ -566,6 +566,43 @@ func TestAutoFallback(t *testing.T) {
 	}
 }
 
+// TestFilters: -events keeps only the kinds named, -q only the
+// histograms; two tracers of one process at once.
+func TestFilters(t *testing.T) {
+	w := startWorkload(t)
+	pid := strconv.Itoa(w.child.Cmd.Process.Pid)
+	nicOnly, stopNic := sdtrace(t, "-mode", "uprobe", "-json", "-events", "nic,invalidate", pid)
+	quiet, stopQuiet := sdtrace(t, "-mode", "uprobe", "-json", "-q", pid)
+	r := w.round(t)
+	jsonMatch(t, nicOnly, "the invalidation", func(e *Event) bool {
+		return e.Kind == "invalidate" && overlaps(e.Entry, r.UnmapAddr, unmapSize)
+	})
+	jsonMatch(t, nicOnly, "the rdma-write", func(e *Event) bool { return e.Kind == "nic" && e.Op == "rdma-write" })
+	if err := errors.Join(stopNic(), stopQuiet()); err != nil {
+		t.Fatal(err)
+	}
+	kinds := func(out *lines) map[string]int {
+		m := map[string]int{}
+		for _, s := range out.snapshot() {
+			var e struct{ Kind string }
+			if err := json.Unmarshal([]byte(s), &e); err != nil {
+				t.Fatalf("bad JSON line %q: %v", s, err)
+			}
+			m[e.Kind]++
+		}
+		return m
+	}
+	for k := range kinds(nicOnly) {
+		if k != "start" && k != "nic" && k != "invalidate" && k != "histogram" {
+			t.Errorf("-events nic,invalidate printed a %s event", k)
+		}
+	}
+	q := kinds(quiet)
+	if q["histogram"] == 0 || len(q) != 2 || q["start"] != 1 {
+		t.Errorf("-q printed %v, want a start line and histograms", q)
+	}
+}
+
 // TestTargetExit: sdtrace ends, with its histograms, when the target dies.
 func TestTargetExit(t *testing.T) {
 	w := startWorkload(t)

@@ -47,7 +47,7 @@ type Event struct {
 	LKey  uint64 `json:"lkey,omitempty"`
 	RKey  uint64 `json:"rkey,omitempty"`
 
-	Bytes     int64 `json:"bytes"`               // moved, or asked for (register)
+	Bytes     int64 `json:"bytes,omitempty"`     // moved, or asked for (register)
 	Requested int64 `json:"requested,omitempty"` // sockets: len(b)
 	Failed    bool  `json:"failed,omitempty"`    // sockets: returned an error
 	LatencyNS int64 `json:"latency_ns,omitempty"`
@@ -78,7 +78,10 @@ func (p *printer) want(kind string) bool {
 	if kind == "start" || kind == "lost" || kind == "note" {
 		return true
 	}
-	return !p.quiet && (p.kinds == nil || p.kinds[kind])
+	if p.quiet && kind != "counters" {
+		return false // -q: histograms and counters only
+	}
+	return p.kinds == nil || p.kinds[kind]
 }
 
 func (p *printer) event(e *Event) error {
