@@ -40,4 +40,5 @@ fi
 if [ "${SANDIRECT_SKIP_VM:-}" != 1 ]; then
 	bash scripts/vmtest.sh ./internal/bpfmon
 	bash scripts/vmtest.sh -run 'StaleHit|MonitorChoice' ./pin
+	bash scripts/vmtest.sh ./tools/sdtrace
 fi

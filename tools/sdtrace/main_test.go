@@ -552,7 +552,7 @@ func TestSyscallMode(t *testing.T) {
 func TestAutoFallback(t *testing.T) {
 	w := startWorkload(t)
 	pid := strconv.Itoa(w.child.Cmd.Process.Pid)
-	out, stop := sdtrace(t, "-json", "/bin/sh", pid)
+	out, stop := sdtrace(t, "-json", foreignBinary(t), pid)
 	start := decodeEvents(t, out.snapshot()[:1])[0]
 	if start.Op != "syscall" || !strings.Contains(start.Note, "no uprobes") || !strings.Contains(start.Note, "no sandirect functions") {
 		t.Errorf("start: %+v", start)
@@ -601,6 +601,24 @@ func TestFilters(t *testing.T) {
 	if q["histogram"] == 0 || len(q) != 2 || q["start"] != 1 {
 		t.Errorf("-q printed %v, want a start line and histograms", q)
 	}
+}
+
+// foreignBinary returns an executable without the library's functions:
+// /bin/sh where there is one (an ELF file without Go's tables), else a
+// script.
+func foreignBinary(t *testing.T) string {
+	if _, err := os.Stat("/bin/sh"); err == nil {
+		return "/bin/sh"
+	}
+	return notELF(t)
+}
+
+func notELF(t *testing.T) string {
+	p := t.TempDir() + "/script"
+	if err := os.WriteFile(p, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // TestTargetExit: sdtrace ends, with its histograms, when the target dies.
@@ -685,7 +703,8 @@ func TestArgs(t *testing.T) {
 		{name: "bad env mode", env: map[string]string{envMode: "x"}, args: []string{self}, want: "want auto"},
 		{name: "bad env json", env: map[string]string{envJSON: "perhaps"}, args: []string{self}, want: "SDTRACE_JSON"},
 		{name: "bad env interval", env: map[string]string{envInterval: "soon"}, args: []string{self}, want: "SDTRACE_INTERVAL"},
-		{name: "no symbols", args: []string{"-mode", "uprobe", "/bin/sh", self}, want: "no sandirect functions"},
+		{name: "no symbols", args: []string{"-mode", "uprobe", foreignBinary(t), self}, want: "no sandirect functions"},
+		{name: "not ELF", args: []string{"-mode", "uprobe", notELF(t), self}, want: "not an ELF executable"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for k, v := range c.env {
@@ -693,7 +712,7 @@ func TestArgs(t *testing.T) {
 			}
 			var out bytes.Buffer
 			err := run(context.Background(), &out, c.args)
-			if c.name == "no symbols" && errors.Is(err, feature.ErrNotSupported) {
+			if (c.name == "no symbols" || c.name == "not ELF") && errors.Is(err, feature.ErrNotSupported) {
 				skipOrFail(t, err)
 			}
 			switch {

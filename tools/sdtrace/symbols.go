@@ -15,6 +15,10 @@ import (
 // binary keeps.
 func funcOffsets(path string, names []string) (map[string]uint64, error) {
 	f, err := elf.Open(path)
+	var fe *elf.FormatError
+	if errors.As(err, &fe) {
+		return nil, fmt.Errorf("%w: %s is not an ELF executable (%v)", errNoSymbols, path, err)
+	}
 	if err != nil {
 		return nil, err
 	}
