@@ -170,6 +170,12 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 // writeEntry rewrites table entry i under its sequence lock. The caller
 // holds d.mu, which serializes writers.
 func (d *Device) writeEntry(i int, rkey, addr, length uint64, access, seg uint32, segOff uint64) {
+	if d.closed {
+		// The table is unmapped, or about to be, and no peer reads it:
+		// a Deregister after Close (it still releases the pin) wrote
+		// into the unmapped table and panicked.
+		return
+	}
 	e := d.regSeg.Bytes()[regEntriesStart+i*entrySize : regEntriesStart+(i+1)*entrySize]
 	s := shm.LoadUint64(e, entSeqOff)
 	shm.StoreUint64(e, entSeqOff, s+1) // publishes: the entry is changing; readers retry
