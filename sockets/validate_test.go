@@ -3,182 +3,339 @@ package sockets
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandirect/sandirect/nic"
 )
 
 // rawSend makes c send h and payload as they are, credits or not.
 func rawSend(t *testing.T, c net.Conn, h header, payload []byte) {
 	t.Helper()
-	sc := c.(*Conn)
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	if len(sc.sendFree) == 0 {
-		t.Fatal("no free send buffer")
-	}
-	if err := sc.sendLocked(&h, payload); err != nil {
+	if err := rawSendErr(c.(*Conn), h, payload); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// rawSendErr makes sc send h and payload as they are, credits or not.
+func rawSendErr(sc *Conn, h header, payload []byte) error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if len(sc.sendFree) == 0 {
+		return errors.New("no free send buffer")
+	}
+	return sc.sendLocked(&h, payload)
+}
+
+// rawPost makes sc send msg as one message, header and all, unchecked.
+func rawPost(sc *Conn, msg []byte) error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if len(sc.sendFree) == 0 {
+		return errors.New("no free send buffer")
+	}
+	i := sc.sendFree[len(sc.sendFree)-1]
+	sc.sendFree = sc.sendFree[:len(sc.sendFree)-1]
+	n := copy(sc.sendBufs[i], msg)
+	if err := sc.qp.PostSend(nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: sc.sendBufs[i][:n], LKey: sc.sendMR.LKey}); err != nil {
+		return err
+	}
+	sc.sent++
+	return nil
+}
+
+// awaitRx drives sc until n received messages wait for the application.
+func awaitRx(sc *Conn, n int) error {
+	end := time.Now().Add(10 * time.Second)
+	for {
+		sc.mu.Lock()
+		k, gen := len(sc.rx)-sc.rxHead, sc.rounds
+		sc.mu.Unlock()
+		if k >= n {
+			return nil
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("%d messages waiting after 10 s, want %d", k, n)
+		}
+		dl := makeDeadline()
+		dl.set(time.Now().Add(10 * time.Millisecond))
+		sc.progress(gen, &dl, false)
+		dl.set(time.Time{})
+	}
+}
+
+// guarded is a buffer with guard bytes on both sides of its middle.
+type guarded struct{ all, mid []byte }
+
+const guardLen = 4096
+
+func newGuarded(n int) guarded {
+	all := make([]byte, n+2*guardLen)
+	for i := range all {
+		all[i] = 0xA5
+	}
+	return guarded{all, all[guardLen : guardLen+n : guardLen+n]}
+}
+
+// intact reports whether the guards, and the middle if mid, still hold
+// their fill.
+func (g guarded) intact(mid bool) error {
+	for i, b := range g.all {
+		inMid := i >= guardLen && i < len(g.all)-guardLen
+		if b != 0xA5 && (!inMid || mid) {
+			return fmt.Errorf("byte %d of %d written (guard %d bytes each side)", i, len(g.all), guardLen)
+		}
+	}
+	return nil
+}
+
 // expectAbort checks that victim aborts with ErrProtocol mentioning
-// reason, and that the offender sees a reset, not EOF.
+// reason, without writing outside the buffer it reads into, and that the
+// offender sees a reset, not EOF.
 func expectAbort(t *testing.T, victim, offender net.Conn, reason string) {
 	t.Helper()
+	expectVictimAbort(t, victim, reason)
+	if err := expectOffenderReset(offender); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectVictimAbort is expectAbort's check of the victim.
+func expectVictimAbort(t *testing.T, victim net.Conn, reason string) {
+	t.Helper()
 	victim.SetReadDeadline(time.Now().Add(10 * time.Second))
-	buf := make([]byte, 1<<20)
+	buf := newGuarded(1 << 20)
 	var err error
 	for err == nil {
-		_, err = victim.Read(buf)
+		_, err = victim.Read(buf.mid)
 	}
 	if !errors.Is(err, ErrProtocol) || !bytes.Contains([]byte(err.Error()), []byte(reason)) {
 		t.Fatalf("victim: %v, want ErrProtocol with %q", err, reason)
 	}
-	offender.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for err = nil; err == nil; {
-		_, err = offender.Read(buf)
-	}
-	if !errors.Is(err, syscall.ECONNRESET) || err == io.EOF {
-		t.Fatalf("offender: %v, want a reset", err)
+	if err := buf.intact(false); err != nil {
+		t.Fatalf("victim's read buffer: %v", err)
 	}
 	if _, err := victim.Write([]byte("x")); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("victim write after abort: %v", err)
 	}
 }
 
+// expectOffenderReset is expectAbort's check of the offender.
+func expectOffenderReset(offender net.Conn) error {
+	offender.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 1<<20)
+	var err error
+	for err == nil {
+		_, err = offender.Read(buf)
+	}
+	if !errors.Is(err, syscall.ECONNRESET) || err == io.EOF {
+		return fmt.Errorf("offender: %v, want a reset", err)
+	}
+	return nil
+}
+
+// attack is a lie of a peer that speaks the protocol: victim, if set, is
+// what the honest side does meanwhile (in its own goroutine); lie runs on
+// the liar's connection and returns a check to run once the victim has
+// aborted (guard bytes of the liar's memory), or nil. The same attacks run
+// in one process (TestPeerValidation) and across processes
+// (TestCampaignHostilePeer).
+type attack struct {
+	name   string
+	cfg    *Config
+	reason string
+	victim func(good net.Conn)
+	lie    func(bad *Conn) (check func() error, err error)
+}
+
+// say that lie sends h and payload and needs no check.
+func sendOnly(h header, payload []byte) func(bad *Conn) (func() error, error) {
+	return func(bad *Conn) (func() error, error) { return nil, rawSendErr(bad, h, payload) }
+}
+
+func hdr(t msgType, set func(h *header)) header {
+	var h header
+	h.SetType(t)
+	if set != nil {
+		set(&h)
+	}
+	return h
+}
+
+var attacks = []attack{
+	{name: "malformed", reason: "reserved header field", lie: sendOnly(hdr(msgData, func(h *header) { h[offReserved] = 1 }), []byte("x"))},
+	{name: "unknown type", reason: "unknown message type", lie: sendOnly(hdr(msgLast+1, nil), nil)},
+	{name: "wrong length", reason: "header says 100 payload bytes, message has 10", lie: func(bad *Conn) (func() error, error) {
+		h := hdr(msgData, nil)
+		h.SetLen(100)
+		return nil, rawPost(bad, append(h[:], make([]byte, 10)...))
+	}},
+	{name: "no credit", reason: "without credit", lie: func(bad *Conn) (func() error, error) {
+		for i := 0; i < int(bad.peerWindow); i++ {
+			if err := rawSendErr(bad, hdr(msgData, nil), []byte("flood")); err != nil {
+				return nil, err
+			}
+			bad.mu.Lock()
+			bad.sendFree = append(bad.sendFree[:0], 0) // the nic copied it
+			bad.mu.Unlock()
+		}
+		return nil, nil
+	}},
+	{name: "ack of unsent", reason: "never sent", lie: func(bad *Conn) (func() error, error) {
+		bad.mu.Lock()
+		bad.consumed += 1000
+		bad.mu.Unlock()
+		err := rawSendErr(bad, hdr(msgCredit, nil), nil)
+		bad.mu.Lock()
+		bad.consumed -= 1000
+		bad.ackSent -= 1000
+		bad.mu.Unlock()
+		return nil, err
+	}},
+	{name: "bad descriptor", reason: "outside its registrations", lie: func(bad *Conn) (func() error, error) {
+		return nil, rawSendErr(bad, hdr(msgRTS, func(h *header) {
+			h.SetFlags(flagRead)
+			h.SetSize(1 << 20)
+			h.SetID(bad.nextTx)
+			h.SetAddr(uint64(bad.recvMR.Addr)) // ours, but not exposed
+			h.SetRKey(bad.bellMR.RKey)         // a real key of another region
+		}), []byte("inline"))
+	}},
+	{name: "source past its region", reason: "outside its registrations", lie: func(bad *Conn) (func() error, error) {
+		src := newGuarded(64 << 10)
+		mr, err := bad.dev.register(bad.owner, src.mid, nic.AccessRemoteRead)
+		if err != nil {
+			return nil, err
+		}
+		err = rawSendErr(bad, hdr(msgRTS, func(h *header) {
+			h.SetFlags(flagRead)
+			h.SetSize(64 << 10)
+			h.SetAddr(uint64(mr.Addr) + 4096) // the last 4 KiB lie beyond it
+			h.SetRKey(mr.RKey)
+		}), []byte("inline"))
+		return func() error { bad.dev.nic.Deregister(mr); return nil }, err
+	}},
+	{name: "revoked source", reason: "outside its registrations", lie: func(bad *Conn) (func() error, error) {
+		src := newGuarded(64 << 10)
+		mr, err := bad.dev.register(bad.owner, src.mid, nic.AccessRemoteRead)
+		if err != nil {
+			return nil, err
+		}
+		bad.dev.nic.Deregister(mr)
+		return nil, rawSendErr(bad, hdr(msgRTS, func(h *header) {
+			h.SetFlags(flagRead)
+			h.SetSize(64 << 10)
+			h.SetAddr(uint64(mr.Addr))
+			h.SetRKey(mr.RKey)
+		}), []byte("inline"))
+	}},
+	{name: "bad write sink", cfg: &Config{NoRDMARead: true}, reason: "outside its registrations",
+		// good writes to bad by write rendezvous; bad answers with a sink
+		// it never registered.
+		victim: func(good net.Conn) { good.Write(make([]byte, 1<<20)) },
+		lie: func(bad *Conn) (func() error, error) {
+			if err := awaitRx(bad, 1); err != nil {
+				return nil, err
+			}
+			return nil, rawSendErr(bad, hdr(msgCTS, func(h *header) {
+				h.SetSize(64 << 10)
+				h.SetAddr(uint64(bad.sendMR.Addr))
+				h.SetRKey(0xdead << 24)
+			}), nil)
+		}},
+	{name: "sink past its region", cfg: &Config{NoRDMARead: true}, reason: "outside its registrations",
+		victim: func(good net.Conn) { good.Write(make([]byte, 1<<20)) },
+		lie: func(bad *Conn) (func() error, error) {
+			if err := awaitRx(bad, 1); err != nil {
+				return nil, err
+			}
+			sink := newGuarded(64 << 10)
+			mr, err := bad.dev.register(bad.owner, sink.mid, nic.AccessLocalWrite|nic.AccessRemoteWrite)
+			if err != nil {
+				return nil, err
+			}
+			err = rawSendErr(bad, hdr(msgCTS, func(h *header) {
+				h.SetSize(64 << 10)
+				h.SetAddr(uint64(mr.Addr) + 4096) // the last 4 KiB lie beyond it
+				h.SetRKey(mr.RKey)
+			}), nil)
+			return func() error {
+				bad.dev.nic.Deregister(mr)
+				return sink.intact(false)
+			}, err
+		}},
+	{name: "revoked write sink", cfg: &Config{NoRDMARead: true}, reason: "outside its registrations",
+		victim: func(good net.Conn) { good.Write(make([]byte, 1<<20)) },
+		lie: func(bad *Conn) (func() error, error) {
+			if err := awaitRx(bad, 1); err != nil {
+				return nil, err
+			}
+			sink := newGuarded(64 << 10)
+			mr, err := bad.dev.register(bad.owner, sink.mid, nic.AccessLocalWrite|nic.AccessRemoteWrite)
+			if err != nil {
+				return nil, err
+			}
+			bad.dev.nic.Deregister(mr)
+			err = rawSendErr(bad, hdr(msgCTS, func(h *header) {
+				h.SetSize(64 << 10)
+				h.SetAddr(uint64(mr.Addr))
+				h.SetRKey(mr.RKey)
+			}), nil)
+			// After revocation no byte moves: the sink too is untouched.
+			return func() error { return sink.intact(true) }, err
+		}},
+	{name: "out-of-order done", reason: "out-of-order done",
+		// good has two copied transfers outstanding; bad says done for
+		// the second first.
+		victim: func(good net.Conn) {
+			for i := 0; i < 2; i++ {
+				if _, err := good.Write(make([]byte, good.(*Conn).cfg.EagerThreshold+1)); err != nil {
+					return
+				}
+			}
+		},
+		lie: func(bad *Conn) (func() error, error) {
+			if err := awaitRx(bad, 2); err != nil {
+				return nil, err
+			}
+			return nil, rawSendErr(bad, hdr(msgDone, func(h *header) {
+				h.SetID(1)
+				h.SetSize(uint32(bad.cfg.EagerThreshold + 1 - bad.maxPayload))
+			}), nil)
+		}},
+	{name: "done of nothing", reason: "none outstanding", lie: sendOnly(hdr(msgDone, func(h *header) { h.SetID(7); h.SetSize(100) }), nil)},
+	{name: "cts of nothing", reason: "not in progress", lie: sendOnly(hdr(msgCTS, func(h *header) { h.SetID(3); h.SetSize(100); h.SetRKey(1) }), nil)},
+	{name: "rts out of sequence", reason: "expected 0", lie: sendOnly(hdr(msgRTS, func(h *header) { h.SetID(5); h.SetSize(100) }), []byte("x"))},
+	{name: "second hello", reason: "second hello", lie: func(bad *Conn) (func() error, error) {
+		bad.mu.Lock()
+		defer bad.mu.Unlock()
+		return nil, bad.sendHelloLocked()
+	}},
+}
+
 func TestPeerValidation(t *testing.T) {
 	// A bystander connection keeps working through all of it.
 	by1, by2 := pipe(t, nil, nil)
-	for _, tc := range []struct {
-		name   string
-		cfg    *Config
-		reason string
-		attack func(t *testing.T, bad, good net.Conn)
-	}{
-		{"malformed", nil, "reserved header field", func(t *testing.T, bad, good net.Conn) {
-			var h header
-			h.SetType(msgData)
-			h[offReserved] = 1
-			rawSend(t, bad, h, []byte("x"))
-		}},
-		{"unknown type", nil, "unknown message type", func(t *testing.T, bad, good net.Conn) {
-			var h header
-			h.SetType(msgLast + 1)
-			rawSend(t, bad, h, nil)
-		}},
-		{"no credit", nil, "without credit", func(t *testing.T, bad, good net.Conn) {
-			sc := bad.(*Conn)
-			for i := 0; i < int(sc.peerWindow); i++ {
-				var h header
-				h.SetType(msgData)
-				rawSend(t, bad, h, []byte("flood"))
-				sc.mu.Lock()
-				sc.sendFree = append(sc.sendFree[:0], 0) // the nic copied it
-				sc.mu.Unlock()
-			}
-		}},
-		{"ack of unsent", nil, "never sent", func(t *testing.T, bad, good net.Conn) {
-			sc := bad.(*Conn)
-			sc.mu.Lock()
-			sc.consumed += 1000
-			sc.mu.Unlock()
-			var h header
-			h.SetType(msgCredit)
-			rawSend(t, bad, h, nil)
-			sc.mu.Lock()
-			sc.consumed -= 1000
-			sc.ackSent -= 1000
-			sc.mu.Unlock()
-		}},
-		{"bad descriptor", nil, "outside its registrations", func(t *testing.T, bad, good net.Conn) {
-			sc := bad.(*Conn)
-			var h header
-			h.SetType(msgRTS)
-			h.SetFlags(flagRead)
-			h.SetSize(1 << 20)
-			h.SetID(sc.nextTx)
-			h.SetAddr(uint64(sc.recvMR.Addr)) // ours, but not exposed
-			h.SetRKey(sc.bellMR.RKey)         // a real key of another region
-			rawSend(t, bad, h, []byte("inline"))
-		}},
-		{"bad write sink", &Config{NoRDMARead: true}, "outside its registrations", func(t *testing.T, bad, good net.Conn) {
-			// good writes to bad by write rendezvous; bad answers with a
-			// sink it never registered.
-			go good.Write(make([]byte, 1<<20))
-			sc := bad.(*Conn)
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				sc.mu.Lock()
-				n := len(sc.rx) - sc.rxHead
-				sc.mu.Unlock()
-				if n > 0 || time.Now().After(deadline) {
-					break
-				}
-				bad.SetReadDeadline(time.Now().Add(time.Millisecond))
-				bad.Read(nil)
-				sc.mu.Lock()
-				gen := sc.rounds
-				sc.mu.Unlock()
-				sc.progress(gen, nil, false)
-			}
-			var h header
-			h.SetType(msgCTS)
-			h.SetSize(64 << 10)
-			h.SetAddr(uint64(sc.sendMR.Addr))
-			h.SetRKey(0xdead << 24)
-			rawSend(t, bad, h, nil)
-		}},
-		{"out-of-order done", nil, "out-of-order done", func(t *testing.T, bad, good net.Conn) {
-			// good has two copied transfers outstanding; bad says done
-			// for the second first.
-			cfg := good.(*Conn).cfg
-			for i := 0; i < 2; i++ {
-				if _, err := good.Write(make([]byte, cfg.EagerThreshold+1)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var h header
-			h.SetType(msgDone)
-			h.SetID(1)
-			h.SetSize(uint32(cfg.EagerThreshold + 1 - good.(*Conn).maxPayload))
-			rawSend(t, bad, h, nil)
-		}},
-		{"done of nothing", nil, "none outstanding", func(t *testing.T, bad, good net.Conn) {
-			var h header
-			h.SetType(msgDone)
-			h.SetID(7)
-			h.SetSize(100)
-			rawSend(t, bad, h, nil)
-		}},
-		{"cts of nothing", nil, "not in progress", func(t *testing.T, bad, good net.Conn) {
-			var h header
-			h.SetType(msgCTS)
-			h.SetID(3)
-			h.SetSize(100)
-			h.SetRKey(1)
-			rawSend(t, bad, h, nil)
-		}},
-		{"rts out of sequence", nil, "expected 0", func(t *testing.T, bad, good net.Conn) {
-			var h header
-			h.SetType(msgRTS)
-			h.SetID(5)
-			h.SetSize(100)
-			rawSend(t, bad, h, []byte("x"))
-		}},
-		{"second hello", nil, "second hello", func(t *testing.T, bad, good net.Conn) {
-			sc := bad.(*Conn)
-			sc.mu.Lock()
-			sc.sendHelloLocked()
-			sc.mu.Unlock()
-		}},
-	} {
+	for _, tc := range attacks {
 		t.Run(tc.name, func(t *testing.T) {
 			bad, good := pipe(t, tc.cfg, tc.cfg)
-			tc.attack(t, bad, good)
+			if tc.victim != nil {
+				go tc.victim(good)
+			}
+			check, err := tc.lie(bad.(*Conn))
+			if err != nil {
+				t.Fatal(err)
+			}
 			expectAbort(t, good, bad, tc.reason)
+			if check != nil {
+				if err := check(); err != nil {
+					t.Fatalf("liar's memory: %v", err)
+				}
+			}
 		})
 	}
 	// The bystander still works.
