@@ -399,9 +399,15 @@ func safeCopy(dst, src []byte) (err error) {
 	return nil
 }
 
-// segment returns the peer's memory segment idx, waiting briefly for it:
-// the peer announces a new segment on the connection socket, which can
-// arrive after a key for memory in it arrived on the ring.
+// segment returns the peer's memory segment idx, waiting for it: the
+// peer announces a new segment on the connection socket, which can arrive
+// after a key for memory in it arrived on the ring. The announcement is in
+// the socket before the key can be (the peer's Alloc announces to every
+// queue pair before it returns), so the wait is for our reader only, and
+// a hang-up ends it; the bound is for a reader that is far behind (1,000
+// connections each mapping the segment on a loaded machine took 1.5 s).
+const segmentWait = 10 * time.Second
+
 func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
 	timer := (*time.Timer)(nil)
 	for {
@@ -415,7 +421,7 @@ func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
 			return nil, fmt.Errorf("peer memory segment %d unknown: connection gone", idx)
 		}
 		if timer == nil {
-			timer = time.NewTimer(time.Second)
+			timer = time.NewTimer(segmentWait)
 			defer timer.Stop()
 		}
 		select {
