@@ -1,0 +1,102 @@
+package sockets
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/testutil"
+)
+
+// TestCampaignThousandConnections opens 1,000 connections between this
+// process and an echo child, exchanges data on each (every tenth by
+// rendezvous), closes them all, and checks that nothing is left. It logs
+// what one connection costs this process: fds, shared mappings, locked
+// memory and resident memory.
+func TestCampaignThousandConnections(t *testing.T) {
+	const n = 1000
+	base := takeBaseline(t)
+	addr := testAddr()
+	child := testutil.StartChild(t, "echo", nil, addr, strconv.Itoa(n))
+	before := costNow(t)
+	start := time.Now()
+	conns := make([]net.Conn, n)
+	conns[0] = dialChild(t, child, nil, "sandirect", addr)
+	for i := 1; i < n; i++ {
+		c, err := Dial("sandirect", addr)
+		if err != nil {
+			t.Fatalf("dial %d: %v (%d fds open)", i, err, costNow(t).fds)
+		}
+		conns[i] = c
+	}
+	t.Logf("%d connections open in %v", n, time.Since(start).Round(time.Millisecond))
+	open := costNow(t)
+	d := open.sub(before)
+	t.Logf("per connection: %.2f fds, %.2f shared mappings, %.1f kB locked, %.1f kB resident (process totals at 1,000: %d fds, %d mappings, %d kB locked, %d kB resident)",
+		float64(d.fds)/n, float64(d.maps)/n, float64(d.lockedKB)/n, float64(d.rssKB)/n, open.fds, open.maps, open.lockedKB, open.rssKB)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			size := 1000 + i
+			if i%10 == 0 {
+				size = 100<<10 + i // a rendezvous
+			}
+			msg := bytes.Repeat([]byte(fmt.Sprintf("conn %d ", i)), size/8)
+			go c.Write(msg)
+			got := make([]byte, len(msg))
+			c.SetReadDeadline(time.Now().Add(60 * time.Second))
+			if _, err := io.ReadFull(c, got); err != nil {
+				errs <- fmt.Errorf("conn %d: %w", i, err)
+				return
+			}
+			if !bytes.Equal(got, msg) {
+				errs <- fmt.Errorf("conn %d: echo differs", i)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	if err := child.Wait(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conns {
+		waitTorn(t, c)
+	}
+	t.Logf("all exchanged and closed %v after the first dial", time.Since(start).Round(time.Millisecond))
+	base.check(t)
+}
+
+// cost is what the process holds.
+type cost struct{ fds, maps, lockedKB, rssKB int }
+
+func (a cost) sub(b cost) cost {
+	return cost{a.fds - b.fds, a.maps - b.maps, a.lockedKB - b.lockedKB, a.rssKB - b.rssKB}
+}
+
+func costNow(t *testing.T) cost {
+	r := testutil.Snapshot()
+	maps, _ := os.ReadFile("/proc/self/maps")
+	return cost{
+		fds:      len(r.Fds),
+		maps:     strings.Count(string(maps), "\n"),
+		lockedKB: procStatus(t, "VmLck"),
+		rssKB:    procStatus(t, "VmRSS"),
+	}
+}
