@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
@@ -167,11 +168,34 @@ func (l *Listener) Close() error { return l.ln.Close() }
 
 // Accept waits for a connection and completes its handshake. A peer that
 // fails the policy or the handshake is refused and Accept returns an error
-// matching ErrRefused or ErrProtocol; the listener keeps working.
+// matching ErrRefused or ErrProtocol; the listener keeps working. A peer
+// that stays silent holds Accept up to opts.Timeout: see AcceptPending.
 func (l *Listener) Accept(opts QPOptions) (*QueuePair, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	p, err := l.AcceptPending()
+	if err != nil {
+		return nil, err
+	}
+	return p.Handshake(opts)
+}
+
+// Pending is a connection taken by AcceptPending whose handshake has not
+// run yet.
+type Pending struct {
+	d    *Device
+	conn *net.UnixConn
+
+	mu             sync.Mutex // guards handed, closed
+	handed, closed bool       // the queue pair owns conn; Close closed it
+}
+
+// AcceptPending waits for a connection and returns it before its
+// handshake, so that the caller can run handshakes concurrently: a peer
+// that never completes its handshake then holds up only its own, not the
+// listener.
+func (l *Listener) AcceptPending() (*Pending, error) {
 	conn, err := l.ln.AcceptUnix()
 	if err != nil {
 		if errors.Is(err, net.ErrClosed) {
@@ -179,12 +203,42 @@ func (l *Listener) Accept(opts QPOptions) (*QueuePair, error) {
 		}
 		return nil, fmt.Errorf("nic: accept: %w", err)
 	}
-	qp, err := l.d.accept(conn, opts)
-	if err != nil {
-		conn.Close()
+	return &Pending{d: l.d, conn: conn}, nil
+}
+
+// Handshake completes the connection's handshake, as Accept does. On
+// failure the connection is closed.
+func (p *Pending) Handshake(opts QPOptions) (*QueuePair, error) {
+	if err := opts.check(); err != nil {
+		p.conn.Close()
 		return nil, err
 	}
+	qp, err := p.d.accept(p.conn, opts)
+	if err != nil {
+		p.conn.Close()
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		qp.Close()
+		return nil, fmt.Errorf("nic: accept: %w", ErrClosed)
+	}
+	p.handed = true
 	return qp, nil
+}
+
+// Close abandons the connection: a Handshake in progress fails at once.
+// After a successful Handshake it does nothing (the queue pair owns the
+// connection).
+func (p *Pending) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.handed || p.closed {
+		return nil
+	}
+	p.closed = true
+	return p.conn.Close()
 }
 
 func (d *Device) checkPeer(conn *net.UnixConn) (pid int, uid uint32, err error) {

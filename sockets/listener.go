@@ -94,6 +94,9 @@ type Listener struct {
 	done  chan struct{} // closed by Close
 	once  sync.Once
 	wg    sync.WaitGroup // accept loops and handshakes
+
+	pmu     sync.Mutex                // guards pending
+	pending map[*nic.Pending]struct{} // nic handshakes in progress; Close ends them
 }
 
 // Accept waits for the next connection.
@@ -119,6 +122,11 @@ func (l *Listener) Close() error {
 		if l.nl != nil {
 			l.nl.Close()
 		}
+		l.pmu.Lock()
+		for p := range l.pending {
+			p.Close()
+		}
+		l.pmu.Unlock()
 		if l.tl != nil {
 			l.tl.Close()
 		}
@@ -154,35 +162,60 @@ func (l *Listener) deliver(c net.Conn) {
 func (l *Listener) acceptSHM() {
 	defer l.wg.Done()
 	for {
-		cq := l.dev.nic.NewCQ()
-		qp, err := l.nl.Accept(nic.QPOptions{SendCQ: cq, RecvCQ: cq, Timeout: l.cfg.HandshakeTimeout})
+		p, err := l.nl.AcceptPending()
 		if err != nil {
 			if l.closed() || errors.Is(err, nic.ErrClosed) {
 				return
 			}
-			if !errors.Is(err, nic.ErrRefused) && !errors.Is(err, nic.ErrProtocol) {
-				// Out of descriptors or the like: do not spin.
-				select {
-				case <-l.done:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
+			// Out of descriptors or the like: do not spin.
+			select {
+			case <-l.done:
+				return
+			case <-time.After(5 * time.Millisecond):
 			}
 			continue
 		}
-		d := l.dev
-		d.hold() // the connection's own
-		laddr, raddr := l.shmAddrs(qp)
+		// Each handshake in its own goroutine: a peer that stays silent
+		// holds up only its own connection, not the listener (it held
+		// every other dialer for HandshakeTimeout).
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			c, err := newConn(d, qp, cq, l.cfg, false, l.netw, laddr, raddr)
-			if err != nil {
-				return
-			}
-			l.deliver(c)
+			l.handshake(p)
 		}()
 	}
+}
+
+// handshake sets up the connection p and hands it to Accept. A peer that
+// fails the handshake is dropped (refused, with a reason, by the nic).
+func (l *Listener) handshake(p *nic.Pending) {
+	l.pmu.Lock()
+	if l.closed() {
+		l.pmu.Unlock()
+		p.Close()
+		return
+	}
+	if l.pending == nil {
+		l.pending = map[*nic.Pending]struct{}{}
+	}
+	l.pending[p] = struct{}{}
+	l.pmu.Unlock()
+	cq := l.dev.nic.NewCQ()
+	qp, err := p.Handshake(nic.QPOptions{SendCQ: cq, RecvCQ: cq, Timeout: l.cfg.HandshakeTimeout})
+	l.pmu.Lock()
+	delete(l.pending, p)
+	l.pmu.Unlock()
+	if err != nil {
+		return
+	}
+	d := l.dev
+	d.hold() // the connection's own
+	laddr, raddr := l.shmAddrs(qp)
+	c, err := newConn(d, qp, cq, l.cfg, false, l.netw, laddr, raddr)
+	if err != nil {
+		return
+	}
+	l.deliver(c)
 }
 
 func (l *Listener) shmAddrs(qp *nic.QueuePair) (laddr, raddr net.Addr) {
