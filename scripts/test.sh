@@ -27,15 +27,26 @@ if [ "$(id -u)" = 0 ] && [ -e /sys/kernel/btf/vmlinux ]; then
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-if ! go test -race -count=1 -timeout 25m "$@" ./... 2>&1 | tee "$log"; then
-	# A package that fails is run once more, so that a flaky test (a bug to
-	# fix, named here) is told apart from a broken build; a second failure
-	# fails the run.
-	failed=$(awk '$1 == "FAIL" && $2 ~ /^github.com\// {print $2}' "$log" | sort -u)
-	[ -n "$failed" ] || exit 1
-	echo "test.sh: FLAKY OR BROKEN, running again once: $failed" >&2
-	go test -race -count=1 -timeout 15m "$@" $failed
-fi
+# gotest NAME FLAGS...: go test ./... under the race detector. A package that
+# fails is run once more, so that a flaky test (a bug to fix, named here)
+# is told apart from a broken build; a second failure fails the run.
+gotest() {
+	local name=$1
+	shift
+	echo "== $name"
+	if ! go test -race -count=1 "$@" ./... 2>&1 | tee "$log"; then
+		failed=$(awk '$1 == "FAIL" && $2 ~ /^github.com\// {print $2}' "$log" | sort -u)
+		[ -n "$failed" ] || exit 1
+		echo "test.sh: $name: FLAKY OR BROKEN, running again once: $failed" >&2
+		go test -race -count=1 "$@" $failed
+	fi
+}
+# The reliability campaign (issue 8, docs/security.md): its tests are
+# named TestCampaign… and run as their own step, short variants (the
+# soak's long run: SANDIRECT_SOAK_BYTES=10G go test -run TestCampaignSoak
+# ./sockets).
+gotest "unit and integration tests" -timeout 25m -skip '^TestCampaign' "$@"
+gotest "reliability campaign (short)" -timeout 15m -run '^TestCampaign' "$@"
 
 if [ "${SANDIRECT_SKIP_VM:-}" != 1 ]; then
 	bash scripts/vmtest.sh ./internal/bpfmon
