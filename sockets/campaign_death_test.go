@@ -446,6 +446,8 @@ func TestCampaignPeerDeath(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.ln = ln
+			pinned := func() uint64 { return ln.(*Listener).dev.nic.Cache().Stats().PinnedBytes }
+			pinnedBefore := pinned()
 			child, n := startNoted(t, "campaign-peer", tc.name, r.lnAddr, r.own)
 			r.notes = n
 			tc.parent(r)
@@ -506,6 +508,12 @@ func TestCampaignPeerDeath(t *testing.T) {
 				c.Close()
 				waitTorn(t, c)
 			}
+			// The registration cache gives back what the connection
+			// pinned (it owns its entries); temporary memory, a staging
+			// buffer at most here, stays the device's for the next one.
+			staging := uint64(ln.(*Listener).cfg.StagingSize)
+			waitFor(t, "the pinned bytes back to their baseline", func() bool { return pinned() <= pinnedBefore+staging })
+			t.Logf("pinned by the listener's device: %d bytes before, %d after the teardown", pinnedBefore, pinned())
 
 			// The listener serves a new client.
 			serveNewClient(t, ln, r.lnAddr, &r.cfg)
