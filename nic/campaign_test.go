@@ -4,6 +4,8 @@ import (
 	"runtime"
 	"runtime/debug"
 	"testing"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // TestDeregisterAfterClose: a region deregistered after its device closed
@@ -56,5 +58,43 @@ func TestPeerTableReadOnly(t *testing.T) {
 	}()
 	if !faulted || mem[len(mem)-1] != before {
 		t.Fatal("wrote into the peer's registration table")
+	}
+}
+
+// TestLocalBufferVanishes unmaps the source of a large RDMA Write into
+// device memory (a plain copy) while the engine copies it: the write
+// completes with an error — the fault is recovered — and the process
+// lives on.
+func TestLocalBufferVanishes(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	const size = 256 << 20
+	dst, err := b.d.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.d.Free(dst)
+	dmr := register(t, b.d, dst, AccessLocalWrite|AccessRemoteWrite)
+	defer b.d.Deregister(dmr)
+	for try := 0; ; try++ {
+		src, err := sys.MapAnon(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		smr := register(t, a.d, src, 0)
+		if err := a.qp.PostSend(SendWR{Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(dmr.Addr), RKey: dmr.RKey}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sys.Munmap(src); err != nil {
+			t.Fatal(err)
+		}
+		c := wait(t, a.scq)
+		a.d.Deregister(smr)
+		if c.Status != StatusSuccess {
+			t.Logf("write from a vanished buffer: %v", c.Err())
+			return
+		}
+		if try == 4 {
+			t.Skip("the copy always finished before the unmap")
+		}
 	}
 }
