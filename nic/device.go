@@ -105,9 +105,12 @@ type Device struct {
 	regSeg *shm.Segment // registration table, shared read-only with peers
 	cache  *pin.Cache   // pins registered memory; nil with NoPinning
 
-	mu      sync.Mutex                     // guards regs, free, memSegs, qps, closed; before QP and CQ locks
-	regs    []atomic.Pointer[MemoryRegion] // by table index; read without mu
-	free    []int                          // free table indices
+	mu   sync.Mutex                     // guards regs, free, memSegs, qps, closed; before QP and CQ locks
+	regs []atomic.Pointer[MemoryRegion] // by table index; read without mu
+	free []int                          // free table indices
+	// remote lists the regions with remote access pinned through each
+	// cached range, so that an invalidation revokes exactly those.
+	remote  map[*pin.Region][]*MemoryRegion
 	memSegs map[uint32]*memSegment
 	nextSeg uint32
 	qps     map[*QueuePair]struct{}

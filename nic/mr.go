@@ -107,6 +107,7 @@ func (d *Device) Deregister(mr *MemoryRegion) error {
 	d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0) // revokes the rkey before anything else
 	d.regs[mr.idx].Store(nil)
 	d.free = append(d.free, mr.idx)
+	d.forgetRemoteLocked(mr)
 	d.mu.Unlock()
 	if d.cache != nil {
 		// The pages stay pinned and cached for the next registration. Not
@@ -134,7 +135,9 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 	if d.cache != nil {
 		// Pins the pages, or finds them pinned already (a cache hit makes
 		// no system call). Fails with ENOBUFS past the pinning budget.
-		h, err := d.cache.RegisterFor(owner, buf, 0)
+		// Remote access is the cache's to know: an invalidation of the
+		// range while the region is in use revokes it at once (Revoke).
+		h, err := d.cache.RegisterFor(owner, buf, pinAccess(access))
 		if err != nil {
 			return nil, fmt.Errorf("nic: register: %w", err)
 		}
@@ -163,6 +166,12 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 		}
 	}
 	d.regs[mr.idx].Store(mr)
+	if r := mr.h.Region(); r != nil && access&remoteAccess != 0 {
+		if d.remote == nil {
+			d.remote = map[*pin.Region][]*MemoryRegion{}
+		}
+		d.remote[r] = append(d.remote[r], mr)
+	}
 	d.writeEntry(mr.idx, mr.RKey, uint64(mr.Addr), uint64(mr.Len), uint32(access&remoteAccess), mr.seg, mr.off)
 	return mr, nil
 }
@@ -275,19 +284,55 @@ type pinHooks struct{ d *Device }
 
 func (pinHooks) Register(*pin.Region) error             { return nil }
 func (pinHooks) Expose(*pin.Region, pin.Access) error   { return nil }
-func (pinHooks) Revoke(*pin.Region) (bool, error)       { return false, nil }
+func (h pinHooks) Revoke(r *pin.Region) (bool, error)   { h.d.revokeRegion(r); return false, nil }
 func (pinHooks) Reexpose(*pin.Region, pin.Access) error { return nil }
-func (h pinHooks) Deregister(r *pin.Region)             { h.d.revokeRange(r.Addr, r.Len) }
+func (h pinHooks) Deregister(r *pin.Region)             { h.d.revokeRegion(r) }
 
-// revokeRange clears the table entries of every region that overlaps
-// [addr, addr+n): their memory is going away. The regions stay allocated
-// for their holders, whose remote operations now fail.
-func (d *Device) revokeRange(addr, n uintptr) {
+// revokeRegion clears the table entries of the regions with remote access
+// pinned through the cached range r: its memory changed or is going away.
+// The regions stay allocated for their holders, whose peers' operations
+// now fail. Regions pinned through another range — a newer entry for the
+// same addresses, after a merge or a flush — keep their keys.
+func (d *Device) revokeRegion(r *pin.Region) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for i := range d.regs {
-		if mr := d.regs[i].Load(); mr != nil && mr.Addr < addr+n && addr < mr.Addr+uintptr(mr.Len) {
+	for _, mr := range d.remote[r] {
+		if d.regs[mr.idx].Load() == mr {
 			d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0)
 		}
 	}
+	delete(d.remote, r)
+}
+
+// forgetRemoteLocked drops mr from the remote regions of its range. The
+// caller holds d.mu.
+func (d *Device) forgetRemoteLocked(mr *MemoryRegion) {
+	r := mr.h.Region()
+	list := d.remote[r]
+	for i, m := range list {
+		if m == mr {
+			list[i] = list[len(list)-1]
+			list[len(list)-1] = nil
+			list = list[:len(list)-1]
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(d.remote, r)
+	} else {
+		d.remote[r] = list
+	}
+}
+
+// pinAccess is the cache's view of a region's access: whether peers may
+// reach it.
+func pinAccess(a Access) pin.Access {
+	var p pin.Access
+	if a&AccessRemoteRead != 0 {
+		p |= pin.AccessRemoteRead
+	}
+	if a&AccessRemoteWrite != 0 {
+		p |= pin.AccessRemoteWrite
+	}
+	return p
 }

@@ -40,3 +40,66 @@ func TestRegisterForFlush(t *testing.T) {
 		t.Fatalf("Flush(NoOwner) released %d: shared registrations are not flushed by owner", n)
 	}
 }
+
+// A region keeps its key when an older registration of the same memory —
+// flushed while in use, so a newer one pinned the pages anew — lets go:
+// only the regions pinned through a range lose their keys with it.
+func TestFlushedRangeRevokesOnlyItsRegions(t *testing.T) {
+	a, p := pair(t, nil, nil)
+	if p.d.Cache() == nil {
+		t.Skip("no registration cache")
+	}
+	dst := make([]byte, 64<<10)
+	old, err := p.d.RegisterFor(7, dst, AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.d.Flush(7) // in use: dies at its deregistration, never handed out again
+	live, err := p.d.RegisterFor(8, dst, AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.d.Deregister(old); err != nil {
+		t.Fatal(err)
+	}
+	src := []byte("still reachable")
+	smr := register(t, a.d, src, 0)
+	if err := a.qp.PostSend(SendWR{ID: 1, Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(live.Addr), RKey: live.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, a.scq); c.Err() != nil {
+		t.Fatalf("RDMA Write to the live region: %v", c.Err())
+	}
+	if string(dst[:len(src)]) != string(src) {
+		t.Fatalf("target holds %q", dst[:len(src)])
+	}
+}
+
+// When the memory under a region in use changes (the cache invalidates its
+// range), peers lose access to it at once, before its holder deregisters.
+func TestInvalidationRevokesInUseRegion(t *testing.T) {
+	a, p := pair(t, nil, nil)
+	if p.d.Cache() == nil {
+		t.Skip("no registration cache")
+	}
+	dst := make([]byte, 64<<10)
+	mr := register(t, p.d, dst, AccessLocalWrite|AccessRemoteWrite)
+	src := make([]byte, 16)
+	smr := register(t, a.d, src, 0)
+	write := func() Completion {
+		if err := a.qp.PostSend(SendWR{ID: 1, Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(mr.Addr), RKey: mr.RKey}); err != nil {
+			t.Fatal(err)
+		}
+		return wait(t, a.scq)
+	}
+	if c := write(); c.Err() != nil {
+		t.Fatalf("before the invalidation: %v", c.Err())
+	}
+	p.d.Cache().Invalidate(mr.Addr, uintptr(mr.Len))
+	if c := write(); c.Status != StatusRemoteAccess {
+		t.Fatalf("after the invalidation: %+v, want %v", c, StatusRemoteAccess)
+	}
+	if err := p.d.Deregister(mr); err != nil {
+		t.Fatalf("the holder's deregistration: %v", err)
+	}
+}

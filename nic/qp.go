@@ -263,15 +263,18 @@ func (qp *QueuePair) finishSend(wr *SendWR, bytes int, st Status, reason error) 
 		ss.Reads++
 		ss.BytesRead += uint64(bytes)
 	}
-	if st == StatusSuccess && wr.Unsignaled {
+	if st == StatusSuccess {
+		if !wr.Unsignaled {
+			qp.sendCQ.push(&Completion{ID: wr.ID, Op: wr.Op, Status: st, Bytes: bytes, QP: qp, Reason: reason})
+		}
 		return false
 	}
+	ss.Errors++
+	// The queue pair is in the error state before its failed completion
+	// can be seen.
+	failed := qp.setError(&CompletionError{Status: st, Op: wr.Op, ID: wr.ID, Reason: reason})
 	qp.sendCQ.push(&Completion{ID: wr.ID, Op: wr.Op, Status: st, Bytes: bytes, QP: qp, Reason: reason})
-	if st != StatusSuccess {
-		ss.Errors++
-		return qp.setError(&CompletionError{Status: st, Op: wr.Op, ID: wr.ID, Reason: reason})
-	}
-	return false
+	return failed
 }
 
 // execute moves up to budget more bytes of op. It reports whether op is

@@ -150,7 +150,8 @@ func table(t *testing.T, out string, lat bool) [][]string {
 
 // checkTable checks that out has one row per size with n iterations and
 // positive numbers in every column (but t_stdev, 0 when the kept samples
-// agree, and a receiver's BW peak, which perftest does not measure: 0).
+// agree, a receiver's BW peak, which perftest does not measure: 0, and the
+// bandwidth of a few bytes in all, which may round to 0.00 MB/sec).
 func checkTable(t *testing.T, side, out string, lat bool, sizes []int, n int, zeroPeak bool) {
 	t.Helper()
 	rows := table(t, out, lat)
@@ -178,7 +179,10 @@ func checkTable(t *testing.T, side, out string, lat bool, sizes []int, n int, ze
 				t.Fatalf("%s: row %q: column %d: %v", side, r, j+2, err)
 			}
 			v[j] = x
-			mayBeZero := lat && j == 4 || zeroPeak && j == 0
+			// A bandwidth of a few bytes prints as 0.00 MB/sec when the
+			// machine is slow to schedule the receiver (perftest's format).
+			tiny := !lat && j < 2 && sizes[i]*n < 4096
+			mayBeZero := lat && j == 4 || zeroPeak && j == 0 || tiny
 			if x < 0 || x == 0 && !mayBeZero {
 				t.Errorf("%s: row %q: column %d is %v, want > 0", side, r, j+2, x)
 			}
