@@ -12,7 +12,8 @@ import (
 // cached; the counters say which path each write took, and every byte
 // arrives.
 func TestSourceChoiceLearnsReuse(t *testing.T) {
-	cfg := &Config{}
+	// A zero-copy band (the default has none), and one rendezvous a write.
+	cfg := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, MaxCopyInFlight: 8 << 20}
 	c, s := pipe(t, cfg, cfg)
 	const size = 1 << 20
 	var want bytes.Buffer

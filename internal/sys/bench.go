@@ -1,6 +1,8 @@
 package sys
 
 import (
+	"time"
+
 	"fmt"
 	"unsafe"
 
@@ -78,4 +80,15 @@ func ThreadPreemptions() (int64, error) {
 		return 0, err
 	}
 	return ru.Nivcsw, nil
+}
+
+// ThreadCPU returns the CPU time (user and system) the calling thread has
+// used so far: with the thread locked (runtime.LockOSThread), the work a
+// goroutine did, whatever else runs on the machine.
+func ThreadCPU() (time.Duration, error) {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		return 0, err
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
