@@ -98,3 +98,40 @@ func TestLocalBufferVanishes(t *testing.T) {
 		}
 	}
 }
+
+// TestFlushKeepsOthersRegions: releasing one cache entry revokes nothing
+// of a live region of another entry on the same pages. A connection's
+// entry flushed while in use is released at its last Deregister; another
+// connection's sink, registered on the same page meanwhile (two
+// connections' buffers share a page of the Go heap), got a new entry —
+// and lost its key at that release: its peer's RDMA Write failed with a
+// remote access error (TestNettest, once connections flushed their
+// entries at teardown).
+func TestFlushKeepsOthersRegions(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	if b.d.Cache() == nil {
+		t.Skip("no registration cache")
+	}
+	page := make([]byte, 8192)
+	old, err := b.d.RegisterFor(1, page[:100], AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := b.d.Flush(1); n != 1 { // in use: released at its Deregister
+		t.Fatalf("Flush(1) took %d registrations, want 1", n)
+	}
+	sink, err := b.d.RegisterFor(2, page[400:500], AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.d.Deregister(sink)
+	b.d.Deregister(old) // releases owner 1's entry
+	src := make([]byte, 100)
+	smr := register(t, a.d, src, 0)
+	if err := a.qp.PostSend(SendWR{Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(sink.Addr), RKey: sink.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, a.scq); c.Status != StatusSuccess {
+		t.Fatalf("write into a live region after another entry's release: %v", c.Err())
+	}
+}
