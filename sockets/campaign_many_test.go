@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 // memory and resident memory.
 func TestCampaignThousandConnections(t *testing.T) {
 	const n = 1000
+	raiseMemlock(t, n*64<<10) // a connection locks 48 kB here, as much in the child
 	base := takeBaseline(t)
 	addr := testAddr()
 	child := testutil.StartChild(t, "echo", nil, addr, strconv.Itoa(n))
@@ -100,3 +102,30 @@ func costNow(t *testing.T) cost {
 		rssKB:    procStatus(t, "VmRSS"),
 	}
 }
+
+// raiseMemlock makes sure need bytes may be locked: as root nothing is
+// needed (CAP_IPC_LOCK); otherwise the soft RLIMIT_MEMLOCK is raised
+// towards the hard one (children inherit it), and the test is skipped
+// when even that is too low.
+func raiseMemlock(t *testing.T, need uint64) {
+	if os.Geteuid() == 0 {
+		return
+	}
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(rlimitMemlock, &old); err != nil {
+		t.Fatal(err)
+	}
+	if old.Cur >= need {
+		return
+	}
+	if old.Max < need {
+		t.Skipf("RLIMIT_MEMLOCK hard limit %d bytes, the test locks about %d", old.Max, need)
+	}
+	raised := syscall.Rlimit{Cur: old.Max, Max: old.Max}
+	if err := syscall.Setrlimit(rlimitMemlock, &raised); err != nil {
+		t.Skipf("raise RLIMIT_MEMLOCK to %d: %v", old.Max, err)
+	}
+	t.Cleanup(func() { syscall.Setrlimit(rlimitMemlock, &old) })
+}
+
+const rlimitMemlock = 8 // RLIMIT_MEMLOCK on Linux (not in package syscall)
