@@ -242,6 +242,39 @@ var deathCases = []deathCase{
 		},
 	},
 	{
+		name: "closing/linger",
+		// We wrote and closed; the child never reads: the connection
+		// lingers for the child's ack until the kill ends it.
+		child: func(cfg *Config, lnAddr, own string) error {
+			if _, err := dialParent(cfg, lnAddr); err != nil {
+				return err
+			}
+			return parked()
+		},
+		parent: func(r *deathRun) {
+			c := r.accept()
+			if _, err := c.Write(randBytes(10000)); err != nil {
+				r.t.Fatal(err)
+			}
+			if err := c.Close(); err != nil {
+				r.t.Fatal(err)
+			}
+			r.conn = nil // closed: what follows is the linger's
+			r.start("linger", func() (int, error) {
+				<-c.tornDown
+				return 0, errors.New("torn down")
+			})
+			r.start("flush", func() (int, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				if err := Flush(ctx); err != nil {
+					return 0, err
+				}
+				return 0, errors.New("flushed")
+			})
+		},
+	},
+	{
 		name:      "read-rendezvous/sender-survives",
 		parentCfg: withZC(readMode(), ZeroCopyAlways),
 		// The child takes the rts but never reads: our zero-copy write
