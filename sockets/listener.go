@@ -211,7 +211,18 @@ func (l *Listener) handshake(p *nic.Pending) {
 	d := l.dev
 	d.hold() // the connection's own
 	laddr, raddr := l.shmAddrs(qp)
+	// Close ends the session handshake too: a peer silent before its
+	// hello held Listener.Close for HandshakeTimeout.
+	set := make(chan struct{})
+	go func() {
+		select {
+		case <-l.done:
+			qp.Close()
+		case <-set:
+		}
+	}()
 	c, err := newConn(d, qp, cq, l.cfg, false, l.netw, laddr, raddr)
+	close(set)
 	if err != nil {
 		return
 	}
