@@ -93,3 +93,33 @@ func TestCampaignSilentPeers(t *testing.T) {
 	}
 	base.check(t)
 }
+
+// TestCampaignAcceptThenClose: a connection accepted just before the
+// listener closes is the application's: closing the listener (which ends
+// the handshakes in progress) leaves it working.
+func TestCampaignAcceptThenClose(t *testing.T) {
+	for i := range 30 {
+		addr := testAddr()
+		ln, err := Listen("sandirect", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := Dial("sandirect", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.Close()
+		exchange(t, c, s)
+		c.Close()
+		s.Close()
+		waitTorn(t, c)
+		waitTorn(t, s)
+		if t.Failed() {
+			t.Fatalf("round %d", i)
+		}
+	}
+}

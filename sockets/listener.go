@@ -213,15 +213,26 @@ func (l *Listener) handshake(p *nic.Pending) {
 	laddr, raddr := l.shmAddrs(qp)
 	// Close ends the session handshake too: a peer silent before its
 	// hello held Listener.Close for HandshakeTimeout.
+	var (
+		setMu sync.Mutex // guards isSet
+		isSet bool       // newConn returned: the queue pair is the connection's
+	)
 	set := make(chan struct{})
 	go func() {
 		select {
 		case <-l.done:
-			qp.Close()
+			setMu.Lock()
+			if !isSet {
+				qp.Close()
+			}
+			setMu.Unlock()
 		case <-set:
 		}
 	}()
 	c, err := newConn(d, qp, cq, l.cfg, false, l.netw, laddr, raddr)
+	setMu.Lock()
+	isSet = true
+	setMu.Unlock()
 	close(set)
 	if err != nil {
 		return
