@@ -184,6 +184,21 @@ func (c *Conn) releaseSourceLocked(x *txfer) {
 	x.temp = nil
 }
 
+// copyChunk is the piece of a copied write with rest bytes left to send:
+// chunk, or for a write far larger than the caches, 2 MiB (at most half of
+// what may be in flight). Pieces of 1 MiB or more take Go's non-temporal
+// copy on both sides, which saves reading a cold destination in before
+// writing it: a 16 MiB stream went from 4.7-5.6 to 5.4-7.9 GB/s of CPU
+// time per side (BenchmarkStreamCPU). A smaller write keeps its pieces in
+// cache for the reader.
+func copyChunk(rest, chunk, inFlight int) int {
+	const large, piece = 8 << 20, 2 << 20
+	if rest >= large && chunk < piece && inFlight >= 2*piece {
+		return piece
+	}
+	return chunk
+}
+
 // sendLargeLocked sends the first part of b by rendezvous: an rts with
 // the first maxPayload bytes inline, then up to MaxTransfer bytes by the
 // read rendezvous (the peer RDMA-Reads our source) or the write
@@ -195,7 +210,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	size := min(len(body), c.cfg.MaxTransfer, c.peerMaxXfer)
 	copyMode := c.chooseCopyLocked(body[:size])
 	if copyMode {
-		size = min(size, c.cfg.CopyChunk)
+		size = min(size, copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight))
 		// Bound the copies the peer has not taken yet.
 		for read && c.copyInFlight > 0 && c.copyInFlight+size > c.cfg.MaxCopyInFlight {
 			if err := c.writableLocked(); err != nil {
