@@ -59,6 +59,15 @@ func TestPeerTableReadOnly(t *testing.T) {
 	if !faulted || mem[len(mem)-1] != before {
 		t.Fatal("wrote into the peer's registration table")
 	}
+	// Nor can the fd we hold be mapped writable: the owner sealed it.
+	seg := e.qp.peer.tableSeg
+	if !seg.WritesSealed() {
+		t.Fatal("the peer's registration table is not sealed against writes")
+	}
+	if m, err := sys.MapShared(seg.Fd(), seg.Size(), false); err == nil {
+		sys.Munmap(m)
+		t.Fatal("mapped the peer's registration table writable")
+	}
 }
 
 // TestLocalBufferVanishes unmaps the source of a large RDMA Write into

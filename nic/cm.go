@@ -389,6 +389,12 @@ func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, ta
 		sys.Close(qpFd)
 		return nil, fmt.Errorf("%w: peer registration table: %v", ErrProtocol, err)
 	}
+	if !tseg.WritesSealed() {
+		// Anyone else holding the fd could rewrite the keys we check.
+		tseg.Close()
+		sys.Close(qpFd)
+		return nil, fmt.Errorf("%w: peer registration table not sealed against writes", ErrProtocol)
+	}
 	table, err := validateTable(tseg)
 	if err != nil {
 		sys.Close(qpFd)

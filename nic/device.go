@@ -161,9 +161,10 @@ func Open(cfg *Config) (*Device, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	seg, err := shm.CreateSegment("regtable", kindRegTable, regTableSize(c.MaxRegions))
+	// Peers get the fd: they may map it for reading only.
+	seg, err := shm.CreateReadOnlySegment("regtable", kindRegTable, regTableSize(c.MaxRegions))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("nic: registration table: %w", err)
 	}
 	mem := seg.Bytes()
 	binary.LittleEndian.PutUint32(mem[regMagicOff:], regMagic)

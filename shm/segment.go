@@ -39,6 +39,18 @@ type Segment struct {
 // pre-faulted, with its header written. name appears in /proc/PID/maps as
 // "memfd:sandirect:NAME"; nothing is created in any file system.
 func CreateSegment(name string, kind uint32, size int) (*Segment, error) {
+	return createSegment(name, kind, size, 0)
+}
+
+// CreateReadOnlySegment is CreateSegment for memory peers must only read,
+// like a registration table: it is writable through this side's mapping
+// alone, and whoever receives its fd can map it for reading, never for
+// writing (F_SEAL_FUTURE_WRITE, set before F_SEAL_SEAL; Linux 5.1).
+func CreateReadOnlySegment(name string, kind uint32, size int) (*Segment, error) {
+	return createSegment(name, kind, size, sys.SealFutureWrite)
+}
+
+func createSegment(name string, kind uint32, size int, extraSeals int) (*Segment, error) {
 	if size < SegmentHeaderSize || size > MaxSegmentSize {
 		return nil, fmt.Errorf("shm: segment size %d outside [%d, %d]", size, SegmentHeaderSize, MaxSegmentSize)
 	}
@@ -51,14 +63,17 @@ func CreateSegment(name string, kind uint32, size int) (*Segment, error) {
 		sys.Close(fd)
 		return nil, fmt.Errorf("shm: size segment: %w", err)
 	}
-	if err := sys.AddSeals(fd, requiredSeals); err != nil {
-		sys.Close(fd)
-		return nil, fmt.Errorf("shm: seal segment: %w", err)
-	}
+	// Mapped before it is sealed: F_SEAL_FUTURE_WRITE leaves this mapping,
+	// and only this one, writable.
 	mem, err := sys.MapShared(fd, size, true)
 	if err != nil {
 		sys.Close(fd)
 		return nil, fmt.Errorf("shm: map segment: %w", err)
+	}
+	if err := sys.AddSeals(fd, requiredSeals|extraSeals); err != nil {
+		sys.Munmap(mem)
+		sys.Close(fd)
+		return nil, fmt.Errorf("shm: seal segment: %w", err)
 	}
 	binary.LittleEndian.PutUint64(mem[segMagicOff:], segMagic)
 	binary.LittleEndian.PutUint32(mem[segVersionOff:], segVersion)
@@ -137,6 +152,13 @@ func openSegment(fd int, kind uint32, wantMin int, readOnly bool) (*Segment, err
 
 // Bytes returns the whole mapping, header included.
 func (s *Segment) Bytes() []byte { return s.mem }
+
+// WritesSealed tells whether no new writable mapping of the segment can be
+// made (CreateReadOnlySegment, or F_SEAL_WRITE).
+func (s *Segment) WritesSealed() bool {
+	seals, err := sys.GetSeals(s.fd)
+	return err == nil && seals&(sys.SealFutureWrite|sys.SealWrite) != 0
+}
 
 // Size returns the mapping's length in bytes.
 func (s *Segment) Size() int { return len(s.mem) }

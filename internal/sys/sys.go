@@ -17,6 +17,9 @@ const (
 	SealShrink = unix.F_SEAL_SHRINK
 	SealGrow   = unix.F_SEAL_GROW
 	SealWrite  = unix.F_SEAL_WRITE
+	// SealFutureWrite forbids new writable mappings and write(2); mappings
+	// made before it stay writable (Linux 5.1).
+	SealFutureWrite = unix.F_SEAL_FUTURE_WRITE
 )
 
 // PageSize is the system page size.
