@@ -172,6 +172,13 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 		}
 		d.remote[r] = append(d.remote[r], mr)
 	}
+	if mr.h.Invalidated() {
+		// The memory changed between pinning and now: the invalidation's
+		// revocation ran before this region was listed, so it is born
+		// revoked (its holder still deregisters it).
+		d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0)
+		return mr, nil
+	}
 	d.writeEntry(mr.idx, mr.RKey, uint64(mr.Addr), uint64(mr.Len), uint32(access&remoteAccess), mr.seg, mr.off)
 	return mr, nil
 }
