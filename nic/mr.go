@@ -107,7 +107,9 @@ func (d *Device) Deregister(mr *MemoryRegion) error {
 	d.writeEntry(mr.idx, 0, 0, 0, 0, noSegment, 0) // revokes the rkey before anything else
 	d.regs[mr.idx].Store(nil)
 	d.free = append(d.free, mr.idx)
-	d.forgetRemoteLocked(mr)
+	if mr.Access&remoteAccess != 0 {
+		d.forgetRemoteLocked(mr)
+	}
 	d.mu.Unlock()
 	if d.cache != nil {
 		// The pages stay pinned and cached for the next registration. Not

@@ -535,8 +535,10 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		r := &qp.rq[qp.rqHead]
 		qp.rqHead++
 		qp.rqLen.Add(-1)
+		// Straight to the poller while nothing is queued ahead of it.
+		toOut := direct < len(out) && qp.recvCQ.n.Load() == 0
 		var c *Completion
-		if direct < len(out) && qp.recvCQ.n.Load() == 0 {
+		if toOut {
 			c = &out[direct]
 			direct++
 		} else {
@@ -556,7 +558,7 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		if c.Status != StatusSuccess {
 			qp.rstats.Errors++
 		}
-		if direct == 0 || c != &out[direct-1] {
+		if !toOut {
 			qp.recvCQ.push(c)
 		}
 		if c.Status != StatusSuccess {

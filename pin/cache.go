@@ -96,11 +96,18 @@ func (c *Cache) Cached(buf []byte, access Access) bool {
 	if c.epoch.Load() != c.applied {
 		c.drainLocked()
 	}
+	return c.hitLocked(addr, end, access) != nil
+}
+
+// hitLocked returns the cached entry that covers [addr, end) with at least
+// access, or nil. The caller holds mu and has drained the monitor.
+func (c *Cache) hitLocked(addr, end uintptr, access Access) *entry {
 	if i := c.idx.floor(addr); i >= 0 {
-		e := c.idx.ents[i]
-		return end <= e.hi && access&^e.Access == 0
+		if e := c.idx.ents[i]; end <= e.hi && access&^e.Access == 0 {
+			return e
+		}
 	}
-	return false
+	return nil
 }
 
 // RegisterFor pins buf (the page-aligned superset of it), registers it with
@@ -133,17 +140,15 @@ func (c *Cache) RegisterFor(owner Owner, buf []byte, access Access) (Handle, err
 	if c.epoch.Load() != c.applied {
 		c.drainLocked()
 	}
-	if i := c.idx.floor(addr); i >= 0 {
-		if e := c.idx.ents[i]; end <= e.hi && access&^e.Access == 0 {
-			err := c.acquireLocked(e, owner, access)
-			c.mu.Unlock()
-			if err != nil {
-				c.ctr.failures.Add(1)
-				return Handle{}, err
-			}
-			c.ctr.hits.Add(1)
-			return Handle{e: e, addr: addr, n: n, access: access}, nil
+	if e := c.hitLocked(addr, end, access); e != nil {
+		err := c.acquireLocked(e, owner, access)
+		c.mu.Unlock()
+		if err != nil {
+			c.ctr.failures.Add(1)
+			return Handle{}, err
 		}
+		c.ctr.hits.Add(1)
+		return Handle{e: e, addr: addr, n: n, access: access}, nil
 	}
 	e, err := c.missLocked(owner, buf, addr, end, access)
 	c.mu.Unlock()
