@@ -1,14 +1,10 @@
 package sockets
 
 import (
-	"bytes"
-	"fmt"
-	"io"
 	"net"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -44,37 +40,12 @@ func TestCampaignThousandConnections(t *testing.T) {
 	t.Logf("per connection: %.2f fds, %.2f shared mappings, %.1f kB locked, %.1f kB resident (process totals at 1,000: %d fds, %d mappings, %d kB locked, %d kB resident)",
 		float64(d.fds)/n, float64(d.maps)/n, float64(d.lockedKB)/n, float64(d.rssKB)/n, open.fds, open.maps, open.lockedKB, open.rssKB)
 
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i, c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			size := 1000 + i
-			if i%10 == 0 {
-				size = 100<<10 + i // a rendezvous
-			}
-			msg := bytes.Repeat([]byte(fmt.Sprintf("conn %d ", i)), size/8)
-			go c.Write(msg)
-			got := make([]byte, len(msg))
-			c.SetReadDeadline(time.Now().Add(60 * time.Second))
-			if _, err := io.ReadFull(c, got); err != nil {
-				errs <- fmt.Errorf("conn %d: %w", i, err)
-				return
-			}
-			if !bytes.Equal(got, msg) {
-				errs <- fmt.Errorf("conn %d: echo differs", i)
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	for _, c := range conns {
-		c.Close()
-	}
+	echoAll(t, conns, func(i int) int {
+		if i%10 == 0 {
+			return 100<<10 + i // a rendezvous
+		}
+		return 1000 + i
+	}, 60*time.Second)
 	if err := child.Wait(60 * time.Second); err != nil {
 		t.Fatal(err)
 	}

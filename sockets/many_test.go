@@ -65,16 +65,30 @@ func TestManyConnections(t *testing.T) {
 		}
 		conns[i] = c
 	}
+	echoAll(t, conns, func(i int) int { return 8 * (100 + i*scaled(40)) }, 20*time.Second)
+	if err := child.Wait(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conns {
+		waitTorn(t, c)
+	}
+}
+
+// echoAll writes a message of size(i) bytes on conns[i], all connections
+// at once, reads its echo back within timeout and compares it, then
+// closes every connection (the echo child then exits).
+func echoAll(t *testing.T, conns []net.Conn, size func(i int) int, timeout time.Duration) {
+	t.Helper()
 	var wg sync.WaitGroup
-	errs := make(chan error, n)
+	errs := make(chan error, len(conns))
 	for i, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			msg := bytes.Repeat([]byte(fmt.Sprintf("conn %d ", i)), 100+i*scaled(40))
+			msg := bytes.Repeat([]byte(fmt.Sprintf("conn %d ", i)), size(i)/8)
 			go c.Write(msg)
 			got := make([]byte, len(msg))
-			c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			c.SetReadDeadline(time.Now().Add(timeout))
 			if _, err := io.ReadFull(c, got); err != nil {
 				errs <- fmt.Errorf("conn %d: %w", i, err)
 				return
@@ -91,12 +105,6 @@ func TestManyConnections(t *testing.T) {
 	}
 	for _, c := range conns {
 		c.Close()
-	}
-	if err := child.Wait(20 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range conns {
-		waitTorn(t, c)
 	}
 }
 
