@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
@@ -43,15 +44,19 @@ func init() {
 					sends++
 				}
 			}
-			return 3*len(lat) + 2*len(bw) + sends + 2*len(lat) + 4*len(bw) // nic/shm, nic/cma and cma/raw
+			ref := 0 // send_lat's interleaved ring reference
+			if slices.Contains(lat, refSize) {
+				ref = 1
+			}
+			return 3*len(lat) + 2*len(bw) + sends + 2*len(lat) + 4*len(bw) + ref // nic/shm, nic/cma and cma/raw
 		},
 	})
 	registerPeer("rdma", rdmaPeer)
 	// The nic issue's targets, as ratios within one run.
 	targets = append(targets,
-		target{"nic send_lat 8B p50 / busy ring 8B p50",
-			recordKey{"rdma", "send_lat", "nic/shm", 8, metricLatP50},
-			recordKey{"ring", "pingpong", "ring/busy", 8, metricLatP50}, 1.5, true})
+		target{"nic send_lat 8B p50 / busy ring 8B p50 (interleaved)",
+			recordKey{"rdma", "send_lat", "nic/shm", refSize, metricLatP50},
+			recordKey{"rdma", "send_lat", "ring/busy", refSize, metricLatP50}, 1.5, true})
 	for _, size := range []int{miB, 16 * miB} {
 		for _, cas := range []string{"write_bw", "read_bw"} {
 			targets = append(targets,
@@ -66,6 +71,10 @@ func init() {
 }
 
 const (
+	// send_lat of refSize bytes is measured in refRounds rounds
+	// interleaved with the busy ring ping-pong, its target's reference.
+	refSize    = 8
+	refRounds  = 8
 	rdmaRing   = 4 << 20 // ring capacity: sends of up to 2 MiB - 16
 	rdmaWindow = 32      // operations in flight for the bandwidth cases
 	rdmaRecvs  = 64      // receives the peer keeps posted
@@ -127,15 +136,27 @@ func (s *rdmaSide) setup(mem string, size int) error {
 	if s.mr, err = s.d.RegisterRemote(s.buf, nic.AccessLocalWrite|nic.AccessRemoteRead|nic.AccessRemoteWrite); err != nil {
 		return err
 	}
-	for range rdmaRecvs {
-		b := make([]byte, s.d.Attr().MaxSend)
-		mr, err := s.d.Register(b, nic.AccessLocalWrite)
-		if err != nil {
-			return err
-		}
+	// Receive buffers: one region, in device memory for "shm" (copies
+	// between device memory and the rings need no fault protection).
+	bs := s.d.Attr().MaxSend
+	var recv []byte
+	if mem == "shm" {
+		recv, err = s.d.Alloc(rdmaRecvs * bs)
+	} else {
+		recv = make([]byte, rdmaRecvs*bs)
+	}
+	if err != nil {
+		return err
+	}
+	rmr, err := s.d.Register(recv, nic.AccessLocalWrite)
+	if err != nil {
+		return err
+	}
+	for i := range rdmaRecvs {
+		b := recv[i*bs : (i+1)*bs : (i+1)*bs]
 		s.recvBufs = append(s.recvBufs, b)
-		s.recvMR = append(s.recvMR, mr)
-		if err := s.qp.PostRecv(nic.RecvWR{ID: uint64(len(s.recvBufs) - 1), Buf: b, LKey: mr.LKey}); err != nil {
+		s.recvMR = append(s.recvMR, rmr)
+		if err := s.qp.PostRecv(nic.RecvWR{ID: uint64(i), Buf: b, LKey: rmr.LKey}); err != nil {
 			return err
 		}
 	}
@@ -250,6 +271,37 @@ func rdmaSizes(env *Env) (lat, bw []int) {
 	return pow2Sizes(8, 64*kiB, 4), pow2Sizes(8, 16*miB, 4)
 }
 
+// ringRef is the ring suite's peer and rings, for the reference that
+// send_lat is measured against.
+type ringRef struct {
+	seg *shm.Segment
+	rr  ringRegions
+	p   *peer
+}
+
+func startRingRef(env *Env) (*ringRef, error) {
+	seg, err := shm.CreateSegment("bench-ring", shm.KindRings, ringSegSize)
+	if err != nil {
+		return nil, err
+	}
+	rr, err := mapRingRegions(seg)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	p, err := startPeer(env, "ring", seg)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	return &ringRef{seg, rr, p}, nil
+}
+
+func (r *ringRef) close() error {
+	err := r.p.close()
+	return errors.Join(err, r.seg.Close())
+}
+
 func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 	p, err := startPeer(env, "rdma")
 	if err != nil {
@@ -262,6 +314,17 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 	}()
 	latSizes, bwSizes := rdmaSizes(env)
 	maxSize := bwSizes[len(bwSizes)-1]
+	var ref *ringRef
+	if slices.Contains(latSizes, refSize) {
+		if ref, err = startRingRef(env); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cerr := ref.close(); err == nil {
+				err = cerr
+			}
+		}()
+	}
 	for _, mem := range []string{"shm", "cma"} {
 		addr := fmt.Sprintf("@sandirect-bench-%d-%s", os.Getpid(), mem)
 		s := &rdmaSide{}
@@ -281,7 +344,7 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 				return err
 			}
 			return pinned(env.cpus[0], func() error {
-				r, err := rdmaCases(ctx, env, s, mem, latSizes, bwSizes)
+				r, err := rdmaCases(ctx, env, s, ref, mem, latSizes, bwSizes)
 				recs = append(recs, r...)
 				if err != nil {
 					return err
@@ -296,7 +359,7 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 	return recs, nil
 }
 
-func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes, bwSizes []int) (recs []Record, err error) {
+func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem string, latSizes, bwSizes []int) (recs []Record, err error) {
 	transport := "nic/" + mem
 	smp := newSampler(env.plan.latMax)
 	report := func(cas string, size int, lat *Latency) {
@@ -309,40 +372,33 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes,
 	}
 	if mem == "shm" { // sends do not depend on where RDMA targets live
 		for _, size := range latSizes {
-			if err := s.command(rcSendLat, uint32(size), uint64(env.plan.latMax)); err != nil {
-				return recs, err
-			}
-			// A send of at most MaxInline bytes is copied when posted: it
-			// needs no completion (perftest's inline sends do the same).
-			unsignaled := size <= s.d.Attr().MaxInline
-			wr := nic.SendWR{Op: nic.OpSend, Local: src[:size], LKey: smr.LKey, Unsignaled: unsignaled}
-			smp.start(env.plan.latTime)
-			for {
-				if err := s.qp.PostSend(wr); err != nil {
+			if size != refSize || ref == nil {
+				smp.start(0)
+				if err := s.sendLat(size, env.plan.latTime, env.plan.latMax, smp); err != nil {
 					return recs, err
 				}
-				_, id, err := s.recvNoRepost()
-				if err != nil {
+				report("send_lat", size, summarize(smp.result()))
+				continue
+			}
+			// The target's size: in rounds, each followed by a round of
+			// the raw ring ping-pong between two other processes on the
+			// same CPUs, so that both numbers see the same machine (on
+			// this VM the cross-core round trip itself changes by 2-3x
+			// from one second to the next).
+			rsmp := newSampler(env.plan.latMax)
+			smp.start(0)
+			rsmp.start(0)
+			budget, laps := env.plan.latTime/refRounds, env.plan.latMax/refRounds
+			for range refRounds {
+				if err := s.sendLat(size, budget, laps, smp); err != nil {
 					return recs, err
 				}
-				s.repost(id)
-				if !unsignaled {
-					if err := s.waitSend(1); err != nil {
-						return recs, err
-					}
+				if err := ringPingPong(ctx, env, ref.p, ref.rr, shm.WaitBusyPoll, size, env.plan.latWarm/refRounds, budget, laps, rsmp); err != nil {
+					return recs, fmt.Errorf("reference ring ping-pong: %w", err)
 				}
-				if !smp.lap() {
-					break
-				}
-			}
-			// Tell the peer to stop echoing: a zero-byte send ends its loop.
-			if err := s.send(nil); err != nil {
-				return recs, err
-			}
-			if err := s.awaitDone(); err != nil {
-				return recs, err
 			}
 			report("send_lat", size, summarize(smp.result()))
+			recs = append(recs, env.Report(Result{Case: "send_lat", Transport: "ring/busy", Size: size, Lat: summarize(rsmp.result())})...)
 		}
 	}
 	for _, size := range latSizes {
@@ -449,6 +505,53 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, mem string, latSizes,
 		}
 	}
 	return recs, ctx.Err()
+}
+
+// sendLat measures send ping-pongs of size bytes for about budget or laps
+// round trips, adding to smp's samples.
+func (s *rdmaSide) sendLat(size int, budget time.Duration, laps int, smp *sampler) error {
+	if err := s.command(rcSendLat, uint32(size), uint64(laps)); err != nil {
+		return err
+	}
+	// A send of at most MaxInline bytes is copied when posted: it needs no
+	// completion (perftest's inline sends do the same).
+	unsignaled := size <= s.d.Attr().MaxInline
+	// From device memory, as the peer's echo (its receive buffer).
+	wr := nic.SendWR{Op: nic.OpSend, Local: s.buf[:size], LKey: s.mr.LKey, Unsignaled: unsignaled}
+	smp.resume(budget, laps)
+	if err := s.qp.PostSend(wr); err != nil {
+		return err
+	}
+	for {
+		_, id, err := s.recvNoRepost()
+		if err != nil {
+			return err
+		}
+		more := smp.lap()
+		if more {
+			// The next ping before the receive buffer goes back: the
+			// repost then overlaps the round trip (the peer's echo does
+			// the same), as an application that pipelines would.
+			err = s.qp.PostSend(wr)
+		}
+		s.repost(id)
+		if err != nil {
+			return err
+		}
+		if !unsignaled {
+			if err := s.waitSend(1); err != nil {
+				return err
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	// Tell the peer to stop echoing: a zero-byte send ends its loop.
+	if err := s.send(nil); err != nil {
+		return err
+	}
+	return s.awaitDone()
 }
 
 func (s *rdmaSide) awaitDone() error {
@@ -645,7 +748,7 @@ func (s *rdmaSide) follow() error {
 					break
 				}
 				if len(m) <= s.d.Attr().MaxInline {
-					err = s.qp.PostSend(nic.SendWR{Op: nic.OpSend, Local: m, Unsignaled: true})
+					err = s.qp.PostSend(nic.SendWR{Op: nic.OpSend, Local: m, LKey: s.recvMR[id].LKey, Unsignaled: true})
 				} else {
 					err = s.sendKey(m, s.recvMR[id].LKey)
 				}

@@ -99,7 +99,8 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 			if err := ctx.Err(); err != nil {
 				return recs, err
 			}
-			if err := ringPingPong(ctx, env, p, rr, m.mode, size, m.warm, m.budget, smp); err != nil {
+			smp.start(0)
+			if err := ringPingPong(ctx, env, p, rr, m.mode, size, m.warm, m.budget, m.max, smp); err != nil {
 				return recs, fmt.Errorf("pingpong %s %d B: %w", m.mode, size, err)
 			}
 			recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "ring/" + m.mode.String(),
@@ -141,8 +142,9 @@ func attachParent(rr ringRegions, capA, capB int, mode shm.WaitMode) (*shm.Produ
 	return pa, cb, nil
 }
 
-// ringPingPong measures round trips of size-byte records into smp.
-func ringPingPong(ctx context.Context, env *Env, p *peer, rr ringRegions, mode shm.WaitMode, size, warm int, budget time.Duration, smp *sampler) error {
+// ringPingPong measures round trips of size-byte records for about budget
+// and adds them to smp's samples (start it first).
+func ringPingPong(ctx context.Context, env *Env, p *peer, rr ringRegions, mode shm.WaitMode, size, warm int, budget time.Duration, laps int, smp *sampler) error {
 	pa, cb, err := attachParent(rr, pingCap, pingCap, mode)
 	if err != nil {
 		return err
@@ -160,7 +162,7 @@ func ringPingPong(ctx context.Context, env *Env, p *peer, rr ringRegions, mode s
 					return err
 				}
 			}
-			smp.start(budget)
+			smp.resume(budget, laps)
 			for {
 				if err := ringRT(pa, cb, msg); err != nil {
 					return err

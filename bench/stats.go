@@ -55,6 +55,7 @@ type sampler struct {
 	samples []int64
 	n       int
 	end     time.Duration // stop once a lap ends after this
+	stop    int           // or once n reaches this
 }
 
 func newSampler(max int) *sampler { return &sampler{samples: make([]int64, max)} }
@@ -62,6 +63,14 @@ func newSampler(max int) *sampler { return &sampler{samples: make([]int64, max)}
 // start begins a measurement of at most len(samples) laps or about budget.
 func (s *sampler) start(budget time.Duration) {
 	s.n = 0
+	s.resume(budget, len(s.samples))
+}
+
+// resume goes on with a measurement for about budget or laps more laps,
+// keeping the samples taken so far: a round of a measurement interleaved
+// with another.
+func (s *sampler) resume(budget time.Duration, laps int) {
+	s.stop = min(len(s.samples), s.n+laps)
 	s.base = time.Now()
 	s.last = time.Since(s.base)
 	s.end = s.last + budget
@@ -69,11 +78,14 @@ func (s *sampler) start(budget time.Duration) {
 
 // lap records the time since the previous lap and tells whether to go on.
 func (s *sampler) lap() bool {
+	if s.n >= s.stop {
+		return false // a resumed round with no room left takes nothing
+	}
 	now := time.Since(s.base)
 	s.samples[s.n] = int64(now - s.last)
 	s.last = now
 	s.n++
-	return s.n < len(s.samples) && now < s.end
+	return s.n < s.stop && now < s.end
 }
 
 // result returns the samples taken.

@@ -226,7 +226,9 @@ func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, erro
 			if n := cq.Poll(out); n > 0 {
 				return n, nil
 			}
-			if cq.woken.Swap(false) {
+			// Load first: a swap is a locked instruction, too dear for
+			// every turn of the spin.
+			if cq.woken.Load() && cq.woken.Swap(false) {
 				return 0, nil
 			}
 			if i%64 == 0 {

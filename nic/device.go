@@ -292,18 +292,49 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 }
 
 // Free releases device memory from Alloc. Regions registered on it must be
-// deregistered first.
+// deregistered first: Free refuses otherwise.
 func (d *Device) Free(buf []byte) error {
 	ms := d.segmentOf(buf)
 	if ms == nil || mem.Addr(ms.buf) != mem.Addr(buf) {
 		return fmt.Errorf("nic: Free of memory not from Alloc")
 	}
 	d.mu.Lock()
+	if d.memSegs[ms.idx] != ms {
+		d.mu.Unlock()
+		return fmt.Errorf("nic: Free of memory not from Alloc")
+	}
+	for i := range d.regs {
+		if mr := d.regs[i].Load(); mr != nil && mr.seg == ms.idx {
+			d.mu.Unlock()
+			return fmt.Errorf("nic: Free of device memory that region lkey %#x still uses: deregister it first", mr.LKey)
+		}
+	}
 	delete(d.memSegs, ms.idx)
+	qps := make([]*QueuePair, 0, len(d.qps))
+	for qp := range d.qps {
+		qps = append(qps, qp)
+	}
 	d.mu.Unlock()
+	// A copy that found a region here live (owns) is done before its
+	// queue pair's lock is free: wait for those, then unmap.
+	for _, qp := range qps {
+		qp.sqMu.Lock()
+		qp.rqMu.Lock()
+		qp.rqMu.Unlock()
+		qp.sqMu.Unlock()
+	}
 	// Peers keep their mapping until their queue pair closes: their copies
 	// then land in pages nobody else reads, never in our address space.
 	return ms.seg.Close()
+}
+
+// owns tells whether mr is a live region in device memory. Such memory is
+// unmapped only by Free, which refuses while a region uses it and then
+// waits out every queue pair's locks, or by Close, once every queue pair
+// is closed: a copy to or from it under a queue pair's lock cannot fault,
+// and needs none of safeCopy's protection (about 15 ns on a small copy).
+func (d *Device) owns(mr *MemoryRegion) bool {
+	return mr != nil && mr.seg != noSegment && d.regs[mr.idx].Load() == mr
 }
 
 // segmentOf returns the memory segment that holds all of buf, or nil.

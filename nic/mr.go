@@ -158,6 +158,9 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 		return nil, fmt.Errorf("nic: registration table full (%d regions): %w", len(d.regs), syscall.ENOBUFS)
 	}
 	defer d.mu.Unlock()
+	if mr.seg != noSegment && (d.memSegs[mr.seg] == nil || !mem.Within(buf, d.memSegs[mr.seg].buf)) {
+		mr.seg, mr.off = noSegment, 0 // freed meanwhile: not device memory any more
+	}
 	mr.idx = d.free[len(d.free)-1]
 	d.free = d.free[:len(d.free)-1]
 	mr.LKey = uint32(mr.idx) + 1

@@ -57,8 +57,15 @@ type RecvWR struct {
 	LKey uint32 // a region with AccessLocalWrite that holds Buf
 }
 
+// postedRecv is a posted receive and the region its buffer lies in.
+type postedRecv struct {
+	RecvWR
+	mr *MemoryRegion
+}
+
 type sendOp struct {
 	wr       SendWR
+	mr       *MemoryRegion // wr.LKey's region, if any; nil for an inline copy
 	done     int
 	checked  bool
 	ent      remoteEntry
@@ -99,7 +106,7 @@ type QueuePair struct {
 	closed bool         // mappings released (also guarded by rqMu: both held to set)
 
 	rqMu   sync.Mutex // guards rq, rqHead, in
-	rq     []RecvWR
+	rq     []postedRecv
 	rqHead int
 	rqLen  atomic.Int32
 
@@ -151,6 +158,7 @@ func (qp *QueuePair) stateErr() error {
 // PostSend queues a send, RDMA Write or RDMA Read.
 func (qp *QueuePair) PostSend(wr SendWR) error {
 	n := len(wr.Local)
+	var mr *MemoryRegion // the local region, when the request names one
 	switch wr.Op {
 	case OpSend:
 		// The dialer chose the ring: its size, not our configuration, bounds
@@ -159,9 +167,14 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 			return fmt.Errorf("nic: send of %d bytes exceeds this connection's %d", n, max)
 		}
 		if n > qp.dev.attr.MaxInline {
-			if _, err := qp.dev.localRegion(wr.LKey, wr.Local, 0); err != nil {
+			var err error
+			if mr, err = qp.dev.localRegion(wr.LKey, wr.Local, 0); err != nil {
 				return err
 			}
+		} else if wr.LKey != 0 {
+			// An inline send needs no key (verbs ignore it); a valid one
+			// in device memory spares the copy its fault protection.
+			mr, _ = qp.dev.localRegion(wr.LKey, wr.Local, 0)
 		}
 	case OpWrite, OpRead:
 		need := Access(0)
@@ -172,7 +185,8 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 			need = AccessLocalWrite
 		}
 		if n > 0 {
-			if _, err := qp.dev.localRegion(wr.LKey, wr.Local, need); err != nil {
+			var err error
+			if mr, err = qp.dev.localRegion(wr.LKey, wr.Local, need); err != nil {
 				return err
 			}
 		}
@@ -187,7 +201,7 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 	if len(qp.sq) == 0 && wr.Op == OpSend {
 		// The fast path of a send: into the peer's ring now, or queued
 		// for the engine when the ring is full.
-		st, reason, finished := qp.sendNow(wr.Local, time.Time{})
+		st, reason, finished := qp.sendNow(wr.Local, mr, time.Time{})
 		if finished {
 			qp.sstats.InlineExecs++
 			failed := qp.finishSend(&wr, n, st, reason)
@@ -199,13 +213,13 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 		}
 		// The peer's ring is full: the engine retries while the peer makes
 		// progress (RNR).
-		return qp.enqueueLocked(&sendOp{wr: wr, rnrSince: time.Now(), rnrHead: qp.out.Released()})
+		return qp.enqueueLocked(&sendOp{wr: wr, mr: mr, rnrSince: time.Now(), rnrHead: qp.out.Released()})
 	}
 	if len(qp.sq) == 0 && qp.dev.cfg.InlineExec > 0 {
 		// Nothing queued ahead: run it now, up to InlineExec bytes (a send
 		// is all or nothing). What is left goes to the engine and to
 		// pollers of the send CQ, so posting stays bounded in time.
-		op := sendOp{wr: wr}
+		op := sendOp{wr: wr, mr: mr}
 		st, reason, finished := qp.execute(&op, qp.dev.cfg.InlineExec, time.Time{})
 		if finished {
 			qp.sstats.InlineExecs++
@@ -220,7 +234,7 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 		*queued = op
 		return qp.enqueueLocked(queued)
 	}
-	return qp.enqueueLocked(&sendOp{wr: wr})
+	return qp.enqueueLocked(&sendOp{wr: wr, mr: mr})
 }
 
 // enqueueLocked queues op for the engine and unlocks sqMu. An inline
@@ -232,6 +246,7 @@ func (qp *QueuePair) enqueueLocked(op *sendOp) error {
 	}
 	if op.wr.Op == OpSend && len(op.wr.Local) <= qp.dev.attr.MaxInline {
 		op.wr.Local = bytes.Clone(op.wr.Local)
+		op.mr = nil
 	}
 	qp.sq = append(qp.sq, op)
 	qp.sqLen.Store(int32(len(qp.sq)))
@@ -285,7 +300,7 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 	wr := &op.wr
 	n := len(wr.Local)
 	if wr.Op == OpSend {
-		st, err, finished := qp.sendNow(wr.Local, wait)
+		st, err, finished := qp.sendNow(wr.Local, op.mr, wait)
 		if finished && st == StatusSuccess {
 			op.done = n
 		}
@@ -310,7 +325,7 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 		chunk := min(n-op.done, qp.dev.cfg.Chunk, budget)
 		local := wr.Local[op.done : op.done+chunk]
 		raddr := wr.Remote + uint64(op.done)
-		st, err := qp.copyChunk(wr.Op, local, raddr, &op.ent)
+		st, err := qp.copyChunk(wr.Op, local, op.mr, raddr, &op.ent)
 		if err != nil {
 			return st, err, true
 		}
@@ -320,10 +335,11 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 	return StatusSuccess, nil, op.done == n
 }
 
-// sendNow puts the message b on the ring to the peer, waiting for room
-// until wait (zero: not at all); it reports whether the send is finished
-// and with what status. The caller holds sqMu.
-func (qp *QueuePair) sendNow(b []byte, wait time.Time) (Status, error, bool) {
+// sendNow puts the message b, of region mr (nil: application memory), on
+// the ring to the peer, waiting for room until wait (zero: not at all); it
+// reports whether the send is finished and with what status. The caller
+// holds sqMu.
+func (qp *QueuePair) sendNow(b []byte, mr *MemoryRegion, wait time.Time) (Status, error, bool) {
 	deadline := wait
 	if deadline.IsZero() {
 		deadline = time.Unix(0, 1) // in the past: do not wait
@@ -335,7 +351,9 @@ func (qp *QueuePair) sendNow(b []byte, wait time.Time) (Status, error, bool) {
 		}
 		return StatusFlushed, err, true
 	}
-	if err := safeCopy(buf, b); err != nil {
+	if qp.dev.owns(mr) {
+		copy(buf, b) // device memory to ring: neither can vanish
+	} else if err := safeCopy(buf, b); err != nil {
 		qp.out.Commit(tagNop, 0) // gives the reservation back; the peer skips it
 		return StatusLocalAccess, err, true
 	}
@@ -345,8 +363,9 @@ func (qp *QueuePair) sendNow(b []byte, wait time.Time) (Status, error, bool) {
 	return StatusSuccess, nil, true
 }
 
-// copyChunk moves local to or from the peer's raddr, inside entry e.
-func (qp *QueuePair) copyChunk(op Opcode, local []byte, raddr uint64, e *remoteEntry) (Status, error) {
+// copyChunk moves local, in region mr, to or from the peer's raddr, inside
+// entry e. The caller holds sqMu.
+func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr uint64, e *remoteEntry) (Status, error) {
 	if e.seg == noSegment {
 		var n int
 		var err error
@@ -373,9 +392,18 @@ func (qp *QueuePair) copyChunk(op Opcode, local []byte, raddr uint64, e *remoteE
 		return StatusRemoteAccess, fmt.Errorf("region of segment %d at offset %d outside its %d bytes", e.seg, e.segOff, len(mem))
 	}
 	remote := mem[off : off+uint64(len(local))]
-	if op == OpWrite {
+	switch {
+	case qp.dev.owns(mr):
+		// Device memory and the peer's segment, which stays mapped while
+		// we hold sqMu: neither can vanish.
+		if op == OpWrite {
+			copy(remote, local)
+		} else {
+			copy(local, remote)
+		}
+	case op == OpWrite:
 		err = safeCopy(remote, local)
-	} else {
+	default:
 		err = safeCopy(local, remote)
 	}
 	if err != nil {
@@ -450,7 +478,8 @@ func (p *peerInfo) awaitSegment(idx uint32) (*shm.Segment, error) {
 
 // PostRecv posts a receive buffer.
 func (qp *QueuePair) PostRecv(wr RecvWR) error {
-	if _, err := qp.dev.localRegion(wr.LKey, wr.Buf, AccessLocalWrite); err != nil {
+	mr, err := qp.dev.localRegion(wr.LKey, wr.Buf, AccessLocalWrite)
+	if err != nil {
 		return err
 	}
 	qp.rqMu.Lock()
@@ -462,7 +491,7 @@ func (qp *QueuePair) PostRecv(wr RecvWR) error {
 		qp.rqMu.Unlock()
 		return ErrQueueFull
 	}
-	qp.rq = append(qp.rq, wr)
+	qp.rq = append(qp.rq, postedRecv{wr, mr})
 	qp.rqLen.Add(1)
 	qp.progressRecvLocked(nil)
 	return nil
@@ -548,10 +577,12 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		if len(rec.Data) > len(r.Buf) {
 			c.Status, c.Bytes = StatusLocalLength, 0
 			c.Reason = fmt.Errorf("message of %d bytes, buffer of %d", len(rec.Data), len(r.Buf))
+		} else if qp.dev.owns(r.mr) {
+			copy(r.Buf, rec.Data) // device memory to ring: neither can vanish
 		} else if err := safeCopy(r.Buf, rec.Data); err != nil {
 			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
 		}
-		*r = RecvWR{}
+		*r = postedRecv{}
 		qp.in.Release()
 		qp.rstats.Recvs++
 		qp.rstats.BytesReceived += uint64(c.Bytes)

@@ -1,0 +1,99 @@
+package nic
+
+import (
+	"bytes"
+	"testing"
+)
+
+// TestDeviceMemoryFastCopies sends between buffers in device memory (the
+// copies that skip fault protection) in both directions, inline and from a
+// registered region, and RDMA-Writes from one, checking every byte.
+func TestDeviceMemoryFastCopies(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	src, dst := alloc(t, a.d, 64<<10), alloc(t, b.d, 64<<10)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	smr := register(t, a.d, src, 0)
+	dmr := register(t, b.d, dst, AccessLocalWrite|AccessRemoteWrite)
+	if !a.d.owns(smr) || !b.d.owns(dmr) {
+		t.Fatal("regions in device memory are not seen as such")
+	}
+	for i, n := range []int{8, a.d.Attr().MaxInline, 4000, 60 << 10} {
+		clear(dst)
+		if err := b.qp.PostRecv(RecvWR{ID: uint64(i), Buf: dst, LKey: dmr.LKey}); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.qp.PostSend(SendWR{ID: uint64(i), Op: OpSend, Local: src[:n], LKey: smr.LKey}); err != nil {
+			t.Fatal(err)
+		}
+		if c := wait(t, a.scq); c.Status != StatusSuccess {
+			t.Fatalf("send of %d: %+v", n, c)
+		}
+		if c := wait(t, b.rcq); c.Status != StatusSuccess || c.Bytes != n || !bytes.Equal(dst[:n], src[:n]) {
+			t.Fatalf("receive of %d: %+v, data equal %v", n, c, bytes.Equal(dst[:n], src[:n]))
+		}
+	}
+	clear(dst)
+	if err := a.qp.PostSend(SendWR{ID: 9, Op: OpWrite, Local: src[:5000], LKey: smr.LKey, Remote: uint64(dmr.Addr) + 100, RKey: dmr.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, a.scq); c.Status != StatusSuccess || !bytes.Equal(dst[100:5100], src[:5000]) || dst[99] != 0 || dst[5100] != 0 {
+		t.Fatalf("RDMA Write from device memory: %+v", c)
+	}
+}
+
+// TestFreeRequiresDeregister: Free refuses device memory that a region
+// still uses, then frees it once the region is gone; a second Free fails.
+func TestFreeRequiresDeregister(t *testing.T) {
+	d := openDevice(t, nil)
+	buf := alloc(t, d, 4096)
+	mr := register(t, d, buf, AccessLocalWrite)
+	if err := d.Free(buf); err == nil {
+		t.Fatal("Free of registered device memory succeeded")
+	}
+	buf[0] = 1 // still mapped
+	if err := d.Deregister(mr); err != nil {
+		t.Fatal(err)
+	}
+	if d.owns(mr) {
+		t.Fatal("a deregistered region is still trusted")
+	}
+	if err := d.Free(buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Free(buf); err == nil {
+		t.Fatal("second Free succeeded")
+	}
+	if d.owns(register(t, d, make([]byte, 64), 0)) {
+		t.Fatal("Go memory is trusted as device memory")
+	}
+}
+
+// TestReceiveIntoFreedDeviceMemory posts a receive into device memory,
+// deregisters and frees that memory, then sends: the receive completes
+// with a local access error — the copy is protected again once its region
+// is gone — and the process lives on.
+func TestReceiveIntoFreedDeviceMemory(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	buf := alloc(t, b.d, 4096)
+	mr := register(t, b.d, buf, AccessLocalWrite)
+	if err := b.qp.PostRecv(RecvWR{ID: 1, Buf: buf, LKey: mr.LKey}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.d.Deregister(mr); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.d.Free(buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(SendWR{ID: 2, Op: OpSend, Local: []byte("into the void")}); err != nil {
+		t.Fatal(err)
+	}
+	if c := wait(t, b.rcq); c.Status != StatusLocalAccess || c.ID != 1 {
+		t.Fatalf("receive into freed memory: %+v", c)
+	}
+	if b.qp.State() != QPError {
+		t.Fatalf("queue pair %v after a local access error", b.qp.State())
+	}
+}
