@@ -172,24 +172,34 @@ func lineRTT(line *uint64, v uint64, abort *atomic.Bool) uint64 {
 // futexRTT measures sleeping round trips over the ping and pong words, the
 // two threads pinned to their CPUs or not.
 func futexRTT(ctx context.Context, env *Env, p *peer, w floorWords, pin bool) (*Latency, error) {
+	smp := newSampler(env.plan.blockMax)
+	smp.start(0)
+	if err := futexRounds(ctx, env, p, w, pin, env.plan.blockWarm, env.plan.blockTime, env.plan.blockMax, smp); err != nil {
+		return nil, err
+	}
+	return summarize(smp.result()), nil
+}
+
+// futexRounds measures sleeping round trips for about budget or laps round
+// trips after warm ones, adding to smp's samples (start it first).
+func futexRounds(ctx context.Context, env *Env, p *peer, w floorWords, pin bool, warm int, budget time.Duration, laps int, smp *sampler) error {
 	atomic.StoreUint32(w.ping, 0)
 	atomic.StoreUint32(w.pong, 0)
 	var abort atomic.Bool
-	smp := newSampler(env.plan.blockMax)
 	cpu := env.cpus[0]
 	if !pin {
 		cpu = -1
 	}
-	err := p.run(ctx, ctlMsg{Op: "futex", Unpinned: !pin}, func(error) { abort.Store(true) }, func() error {
+	return p.run(ctx, ctlMsg{Op: "futex", Unpinned: !pin}, func(error) { abort.Store(true) }, func() error {
 		return pinned(cpu, func() error {
 			seq := uint32(0)
 			var err error
-			for range env.plan.blockWarm {
+			for range warm {
 				if seq, err = futexRT(w, seq, &abort); err != nil {
 					return err
 				}
 			}
-			smp.start(env.plan.blockTime)
+			smp.resume(budget, laps)
 			for {
 				if seq, err = futexRT(w, seq, &abort); err != nil {
 					return err
@@ -203,10 +213,37 @@ func futexRTT(ctx context.Context, env *Env, p *peer, w floorWords, pin bool) (*
 			return err
 		})
 	})
+}
+
+// floorRef is the floor suite's peer and shared words, for a reference
+// measured interleaved with another suite's case.
+type floorRef struct {
+	seg *shm.Segment
+	w   floorWords
+	p   *peer
+}
+
+func startFloorRef(env *Env) (*floorRef, error) {
+	seg, err := shm.CreateSegment("bench-floor", kindBenchFloor, floorSegSize)
 	if err != nil {
 		return nil, err
 	}
-	return summarize(smp.result()), nil
+	w, err := mapFloorWords(seg)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	p, err := startPeer(env, "floor", seg)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	return &floorRef{seg, w, p}, nil
+}
+
+func (r *floorRef) close() error {
+	err := r.p.close()
+	return errors.Join(err, r.seg.Close())
 }
 
 // futexRT posts seq+1 on ping, wakes the peer and sleeps until pong says
