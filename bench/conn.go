@@ -11,6 +11,11 @@ package main
 //     each ended by the peer's acknowledgement of its last message; the row
 //     shows the median chunk, and the range of all chunks.
 //
+// The sockets/block ping-pong of 8 B runs in rounds interleaved with the
+// floor suite's unpinned futex ping-pong (row pingpong/futex/unpinned of
+// this suite), the reference of its target, so that both see the same
+// minutes of a machine whose futex wake-up changes severalfold with load.
+//
 // Every byte a reader gets is copied into its own buffer (touched), on
 // every transport, and the stamps at both ends of every message (sequence
 // numbers) are checked: a transport that lost, repeated or tore a message

@@ -2,7 +2,11 @@ package main
 
 // Suite rdma: the emulated NIC between two processes, perftest's cases.
 //
-//   - send_lat: send ping-pong; half round trip.
+//   - send_lat: send ping-pong between buffers in device memory; half
+//     round trip. At 8 B it runs in rounds interleaved with the raw busy
+//     ring ping-pong of the ring suite's peer (row send_lat/ring/busy), the
+//     reference of its target: on this VM the cross-core round trip itself
+//     changes 2-3x from one second to the next.
 //   - write_lat: each side RDMA-Writes size bytes into the other's buffer
 //     and polls the last word of its own for the new sequence number, as
 //     perftest's ib_write_lat does; half round trip.
