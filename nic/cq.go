@@ -93,12 +93,13 @@ func (cq *CompletionQueue) readyToWake() bool {
 	if cq.dirty.Load() || cq.woken.Load() || cq.pending() {
 		return true
 	}
+	ready := false
 	for _, qp := range cq.wsQPs {
-		if qp.rqLen.Load() > 0 && qp.inPending() {
-			return true
+		if qp.inPending() { // on every queue pair: it releases lazy space too
+			ready = true
 		}
 	}
-	return false
+	return ready
 }
 
 // attachSend makes pollers of cq run qp's queued send work themselves

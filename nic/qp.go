@@ -515,10 +515,16 @@ func (qp *QueuePair) compactRQ() {
 
 // inPending tells whether the incoming ring has something for the reader.
 // It reads the consumer's position, which progressRecv moves: under rqMu.
+// A waiter about to sleep gives back the ring space that pollers' lazy
+// releases held (see progressRecvLocked).
 func (qp *QueuePair) inPending() bool {
 	qp.rqMu.Lock()
 	defer qp.rqMu.Unlock()
-	return !qp.closed && qp.in.Pending()
+	if qp.closed {
+		return false
+	}
+	qp.in.Release()
+	return qp.rqLen.Load() > 0 && qp.in.Pending()
 }
 
 // progressRecv moves incoming sends into posted receives and completes
@@ -542,6 +548,9 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 	var failure error
 	direct := 0
 	for !qp.closed && qp.rqHead < len(qp.rq) {
+		if len(out) > 0 && direct == len(out) {
+			break // the poller has what it asked for
+		}
 		rec, ok, err := qp.in.Poll()
 		if err != nil {
 			if errors.Is(err, shm.ErrClosed) {
@@ -583,7 +592,6 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
 		}
 		*r = postedRecv{}
-		qp.in.Release()
 		qp.rstats.Recvs++
 		qp.rstats.BytesReceived += uint64(c.Bytes)
 		if c.Status != StatusSuccess {
@@ -597,6 +605,14 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 			break
 		}
 	}
+	// Give the ring space back — except a little when the poller got all
+	// it asked for: its next progress (a poll, a PostRecv, or a waiter
+	// before it sleeps) releases it, after the poller's reply is on its
+	// way. Releasing is a locked store; on a ping-pong's path it is one
+	// of the few things this layer adds to a raw ring's round trip.
+	if !qp.closed && (direct == 0 || direct < len(out) || qp.in.Unreleased() > lazyRelease) {
+		qp.in.Release()
+	}
 	qp.compactRQ()
 	qp.rqMu.Unlock()
 	if failure != nil && qp.setError(failure) {
@@ -604,6 +620,10 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 	}
 	return direct
 }
+
+// lazyRelease bounds the ring space a poller's receives may hold after it
+// returns: small next to any ring, so a sender never waits for it long.
+const lazyRelease = 4 << 10
 
 // setError moves the queue pair to the error state with reason and tells
 // whether this call did it (then the caller must flush once it holds no

@@ -514,6 +514,10 @@ func (c *Consumer) Next(deadline time.Time) (Record, error) {
 	}
 }
 
+// Unreleased returns the bytes of records returned so far and not yet
+// released.
+func (c *Consumer) Unreleased() int { return int(c.headPos - c.released) }
+
 // Release gives the space of every record returned so far back to the
 // producer (their Data slices become invalid) and wakes the producer if it
 // waits for space. Releasing once per batch is cheaper than per record.
