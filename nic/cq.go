@@ -232,7 +232,7 @@ func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, erro
 			if cq.woken.Load() && cq.woken.Swap(false) {
 				return 0, nil
 			}
-			if i%64 == 0 {
+			if i%64 == 0 && (!deadline.IsZero() || cq.wait.Mode == shm.WaitAdaptive) {
 				now := time.Now()
 				if !deadline.IsZero() && now.After(deadline) {
 					return 0, os.ErrDeadlineExceeded
