@@ -38,7 +38,8 @@ func (w *WaitSet) Remove(c *Consumer) {
 // Ring wakes the set's owner if it sleeps in Wait.
 func (w *WaitSet) Ring() {
 	if w.bell.Load() != 0 && w.bell.Swap(0) != 0 {
-		sys.FutexWake(w.bellWord(), 1)
+		// The bell is ours alone: a private futex, keyed by address.
+		sys.FutexWakePrivate(w.bellWord(), 1)
 	}
 }
 
@@ -88,7 +89,7 @@ func (w *WaitSet) Wait(ready func() bool, deadline time.Time) error {
 		w.vec = make([]sys.FutexWaiter, n)
 	}
 	vec := w.vec[:n]
-	vec[0].SetWord(w.bellWord(), 1)
+	vec[0].SetPrivateWord(w.bellWord(), 1)
 	for i := 1; i < n; i++ {
 		vec[i].SetWord(w.cs[i-1].cBell, 1)
 	}

@@ -19,13 +19,24 @@ type FutexWaiter struct {
 // futex_waitv call waits on.
 const FutexWaitvMax = 128
 
-const futex2SizeU32 = 0x02
+const (
+	futex2SizeU32 = 0x02
+	futex2Private = 128 // FUTEX2_PRIVATE, the value of FUTEX_PRIVATE_FLAG
+)
 
 // SetWord makes w wait on the shared 32-bit word at addr while it reads val.
 func (w *FutexWaiter) SetWord(addr *uint32, val uint32) {
 	w.Val = uint64(val)
 	w.Addr = uint64(uintptr(unsafe.Pointer(addr)))
 	w.Flags = futex2SizeU32
+}
+
+// SetPrivateWord is SetWord for a word only this process's threads use
+// (FUTEX2_PRIVATE: keyed by address, no page lookup on every wait). Wake
+// it with FutexWakePrivate.
+func (w *FutexWaiter) SetPrivateWord(addr *uint32, val uint32) {
+	w.SetWord(addr, val)
+	w.Flags |= futex2Private
 }
 
 // FutexWaitv sleeps until one of the words is woken (FUTEX_WAKE on it), or

@@ -142,11 +142,21 @@ func FutexWake(addr *uint32, n int) (int, error) {
 	return int(r), errnoErr(e)
 }
 
+// FutexWakePrivate is FutexWake for a word that only this process's
+// threads wait on (FUTEX_PRIVATE_FLAG: the kernel keys it by address, with
+// no page lookup). Its waiters must wait with the private flag too
+// (FutexWaiter.SetPrivateWord).
+func FutexWakePrivate(addr *uint32, n int) (int, error) {
+	r, _, e := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWake|futexPrivateFlag, uintptr(n), 0, 0, 0)
+	return int(r), errnoErr(e)
+}
+
 // Futex operations (linux/futex.h); the shared variants, without
 // FUTEX_PRIVATE_FLAG, since the word lives in memory several processes map.
 const (
-	futexWait = 0
-	futexWake = 1
+	futexWait        = 0
+	futexWake        = 1
+	futexPrivateFlag = 128
 )
 
 // ErrNoFds is returned by RecvFds when a message carried no descriptors.
