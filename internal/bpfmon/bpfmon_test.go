@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -653,6 +654,34 @@ func TestWait(t *testing.T) {
 	err := m.Wait(time.Now().Add(20 * time.Millisecond))
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("Wait with nothing to come: %v", err)
+	}
+}
+
+// TestWaitWokenWhileAsleep: the probes wake the ring's readers only while
+// one waits (the rest of the time they skip the wake-up, whose self-IPI
+// cost most of a munmap's overhead on a VM). A Wait that has announced
+// itself is woken by the next event, every time, long before its deadline.
+func TestWaitWokenWhileAsleep(t *testing.T) {
+	m := openMethod(t, RawTracepoint, Config{})
+	for i := range 20 {
+		if _, err := m.Sync(func(Event) {}, nil); err != nil {
+			t.Fatal(err)
+		}
+		a := mapAnon(t, page)
+		check(t, "Watch", m.Watch(a, page))
+		done := make(chan error, 1)
+		go func() { done <- m.Wait(time.Now().Add(10 * time.Second)) }()
+		for atomic.LoadUint64(m.waiters) == 0 {
+			runtime.Gosched()
+		}
+		check(t, "munmap", sys.MunmapRange(a, page))
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: Wait: %v", i, err)
+		}
+		m.Unwatch(a, page)
+	}
+	if n := atomic.LoadUint64(m.waiters); n != 0 {
+		t.Fatalf("%d waiters left announced", n)
 	}
 }
 

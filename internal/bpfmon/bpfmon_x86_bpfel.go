@@ -20,7 +20,8 @@ type bpfmonState struct {
 	LostEpoch uint64
 	Hot       [5]uint64
 	WatchAll  uint64
-	Cold      [7]uint64
+	Waiters   uint64
+	Cold      [6]uint64
 }
 
 // Names of all BPF objects in the ELF.

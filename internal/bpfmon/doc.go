@@ -42,6 +42,14 @@
 // returned in any thread sees it moved ("effectively synchronous"), without
 // waiting for the ring buffer's wake-up.
 //
+// The programs ask for that wake-up only while a Wait is asleep on the ring
+// (a waiters word in the same array, which Wait raises before it looks for
+// records and the programs load after their fully ordered add): the
+// wake-up is an irq_work whose self-IPI, an APIC write, exits to the
+// hypervisor on a VM. Measured on this project's 2-vCPU KVM guest
+// (go run ./bench -quick pin): a 64 KiB munmap with the probes took
+// 2.3-2.5x a plain one when every submit woke, 0.97-1.04x after.
+//
 // A cache built on it keeps the epoch it is up to date with. A lookup loads
 // the epoch (Epoch, or an atomic load of *EpochWord) and compares; when it
 // differs, Sync drains every event the epoch covers (spinning briefly on a

@@ -19,6 +19,7 @@ func TestStateLayout(t *testing.T) {
 		{"overflow", unsafe.Offsetof(s.Overflow), stateOverflow},
 		{"lost_epoch", unsafe.Offsetof(s.LostEpoch), stateLostEpoch},
 		{"watch_all", unsafe.Offsetof(s.WatchAll), stateWatchAll},
+		{"waiters", unsafe.Offsetof(s.Waiters), stateWaiters},
 		{"size", unsafe.Sizeof(s), stateSize},
 	} {
 		if c.got != c.want {

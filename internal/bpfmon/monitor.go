@@ -29,6 +29,7 @@ const (
 	stateOverflow  = 8  // events lost since last cleared
 	stateLostEpoch = 16 // epoch of the last lost event
 	stateWatchAll  = 64 // non-zero: ignore the granule map
+	stateWaiters   = 72 // Waits asleep on the ring: the probes wake them
 	stateSize      = 128
 )
 
@@ -58,6 +59,7 @@ type Monitor struct {
 	overflow  *uint64
 	lostEpoch *uint64
 	watchAll  *uint64
+	waiters   *uint64
 
 	drainMu sync.Mutex // guards the ring's consumer position
 	ring    *ring
@@ -331,7 +333,7 @@ func (m *Monitor) mapMemory(ringSize int) error {
 	for _, w := range []struct {
 		p   **uint64
 		off int
-	}{{&m.epoch, stateEpoch}, {&m.overflow, stateOverflow}, {&m.lostEpoch, stateLostEpoch}, {&m.watchAll, stateWatchAll}} {
+	}{{&m.epoch, stateEpoch}, {&m.overflow, stateOverflow}, {&m.lostEpoch, stateLostEpoch}, {&m.watchAll, stateWatchAll}, {&m.waiters, stateWaiters}} {
 		if *w.p, err = sys.Word64(b, w.off); err != nil {
 			return err
 		}
@@ -579,7 +581,12 @@ func (m *Monitor) Wait(deadline time.Time) error {
 	}
 	err := m.waitFile.SetReadDeadline(deadline)
 	if err == nil {
+		// The probes wake the ring's readers only while one waits: say so
+		// before looking for records (the probe loads the count after its
+		// fully ordered epoch add, so one of us sees the other).
+		atomic.AddUint64(m.waiters, 1)
 		err = m.waitConn.Read(func(uintptr) bool { return m.ring.pending() })
+		atomic.AddUint64(m.waiters, ^uint64(0))
 	}
 	// Close closes the file under us to interrupt the wait; the file
 	// reports that in more than one way.

@@ -73,7 +73,8 @@ struct state {
 	__u64 lost_epoch; // 16: the epoch of the last event lost
 	__u64 _hot[5];
 	__u64 watch_all; // 64: report every range, ignoring the granule map
-	__u64 _cold[7];
+	__u64 waiters;   // 72: readers asleep on the ring: wake them on submit
+	__u64 _cold[6];
 };
 
 struct {
@@ -208,7 +209,13 @@ static __always_inline void emit(__u32 tid, __u16 nr, __u64 start, __u64 len, __
 	e->arg = arg;
 	e->_pad = 0;
 	e->epoch = __sync_fetch_and_add(&st->epoch, 1) + 1;
-	bpf_ringbuf_submit(e, 0);
+	// Wake only a reader that sleeps on the ring: the wake-up is an
+	// irq_work whose self-IPI (an APIC write: a VM exit on a guest) cost
+	// most of what the probe added to a munmap. The load comes after the
+	// fully ordered add, and a reader stores its flag before it looks for
+	// records: either it sees this record, or we see its flag.
+	__u64 wake = *(volatile __u64 *)&st->waiters ? 0 : BPF_RB_NO_WAKEUP;
+	bpf_ringbuf_submit(e, wake);
 }
 
 struct shm_vma {
