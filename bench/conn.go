@@ -32,6 +32,9 @@ package main
 // and merged in (shmipc.go). Memory per idle connection of ours closes the
 // suite (connIdle).
 //
+// SANDIRECT_BENCH_CONN=NAME measures only the transport NAME (and
+// shmipc-go and the idle memory, which have their own steps).
+//
 // One peer command per transport: the parent listens, the peer dials, and
 // the cases follow in-band on the connection:
 //
@@ -397,6 +400,9 @@ func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
 	for _, t := range connTransports {
 		if err := ctx.Err(); err != nil {
 			return recs, err
+		}
+		if only := os.Getenv("SANDIRECT_BENCH_CONN"); only != "" && only != t.name {
+			continue // one transport only: for a closer look at it
 		}
 		if p == nil {
 			if p, err = startConnPeer(env); err != nil {
