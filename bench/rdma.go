@@ -123,6 +123,7 @@ type rdmaSide struct {
 	recvMR   []*nic.MemoryRegion
 	cbuf     [8]nic.Completion
 	scratch  []byte
+	follower bool // the peer: waits for the parent without a deadline
 }
 
 // setup allocates and exposes buf (device memory for "shm"), posts
@@ -221,8 +222,14 @@ func (s *rdmaSide) recv() ([]byte, error) {
 }
 
 // recvNoRepost returns the next message in place; the caller reposts its
-// buffer (repost) once it is done with it. It waits at most 30 s.
+// buffer (repost) once it is done with it. The parent waits at most 30 s;
+// the peer (follower) as long as it takes: the parent may work one-sided
+// for longer than that (the full plan's cma/raw cases, ~30 s), and the
+// peer's posted receives end its wait when the parent goes.
 func (s *rdmaSide) recvNoRepost() ([]byte, uint64, error) {
+	if s.follower {
+		return s.recvUntil(time.Time{})
+	}
 	return s.recvUntil(time.Now().Add(30 * time.Second))
 }
 
@@ -730,6 +737,7 @@ func rdmaPeer(pc *peerConn) error {
 }
 
 func (s *rdmaSide) follow() error {
+	s.follower = true
 	done := make([]byte, 16)
 	binary.LittleEndian.PutUint32(done, rcDone)
 	for {
