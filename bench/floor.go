@@ -218,30 +218,49 @@ func futexRounds(ctx context.Context, env *Env, p *peer, w floorWords, pin bool,
 // floorRef is the floor suite's peer and shared words, for a reference
 // measured interleaved with another suite's case.
 type floorRef struct {
-	seg *shm.Segment
-	w   floorWords
-	p   *peer
+	refPeer
+	w floorWords
 }
 
 func startFloorRef(env *Env) (*floorRef, error) {
-	seg, err := shm.CreateSegment("bench-floor", kindBenchFloor, floorSegSize)
+	r := &floorRef{}
+	err := r.start(env, "floor", kindBenchFloor, floorSegSize, func(seg *shm.Segment) (err error) {
+		r.w, err = mapFloorWords(seg)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	w, err := mapFloorWords(seg)
-	if err != nil {
-		seg.Close()
-		return nil, err
-	}
-	p, err := startPeer(env, "floor", seg)
-	if err != nil {
-		seg.Close()
-		return nil, err
-	}
-	return &floorRef{seg, w, p}, nil
+	return r, nil
 }
 
-func (r *floorRef) close() error {
+// refPeer is another suite's peer with its segment: a reference measured
+// in rounds that alternate with this suite's case.
+type refPeer struct {
+	seg *shm.Segment
+	p   *peer
+}
+
+// start creates role's segment, lets mapSeg take what it needs from it,
+// and starts role's peer on it.
+func (r *refPeer) start(env *Env, role string, kind uint32, size int, mapSeg func(*shm.Segment) error) error {
+	seg, err := shm.CreateSegment("bench-"+role, kind, size)
+	if err != nil {
+		return err
+	}
+	if err := mapSeg(seg); err != nil {
+		seg.Close()
+		return err
+	}
+	if r.p, err = startPeer(env, role, seg); err != nil {
+		seg.Close()
+		return err
+	}
+	r.seg = seg
+	return nil
+}
+
+func (r *refPeer) close() error {
 	err := r.p.close()
 	return errors.Join(err, r.seg.Close())
 }

@@ -288,32 +288,20 @@ func rdmaSizes(env *Env) (lat, bw []int) {
 // ringRef is the ring suite's peer and rings, for the reference that
 // send_lat is measured against.
 type ringRef struct {
-	seg *shm.Segment
-	rr  ringRegions
-	p   *peer
+	refPeer
+	rr ringRegions
 }
 
 func startRingRef(env *Env) (*ringRef, error) {
-	seg, err := shm.CreateSegment("bench-ring", shm.KindRings, ringSegSize)
+	r := &ringRef{}
+	err := r.start(env, "ring", shm.KindRings, ringSegSize, func(seg *shm.Segment) (err error) {
+		r.rr, err = mapRingRegions(seg)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	rr, err := mapRingRegions(seg)
-	if err != nil {
-		seg.Close()
-		return nil, err
-	}
-	p, err := startPeer(env, "ring", seg)
-	if err != nil {
-		seg.Close()
-		return nil, err
-	}
-	return &ringRef{seg, rr, p}, nil
-}
-
-func (r *ringRef) close() error {
-	err := r.p.close()
-	return errors.Join(err, r.seg.Close())
+	return r, nil
 }
 
 func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
