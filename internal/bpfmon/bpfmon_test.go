@@ -671,8 +671,8 @@ func TestWaitWokenWhileAsleep(t *testing.T) {
 		check(t, "Watch", m.Watch(a, page))
 		done := make(chan error, 1)
 		go func() { done <- m.Wait(time.Now().Add(10 * time.Second)) }()
-		for atomic.LoadUint64(m.waiters) == 0 {
-			runtime.Gosched()
+		for atomic.LoadUint64(m.waiters) == 0 && len(done) == 0 {
+			runtime.Gosched() // until the Wait has announced itself (or failed early)
 		}
 		check(t, "munmap", sys.MunmapRange(a, page))
 		if err := <-done; err != nil {
