@@ -165,11 +165,7 @@ var deathCases = []deathCase{
 			say("accepted")
 			return parked()
 		},
-		parent: func(r *deathRun) {
-			r.notes.wait(r.t, "listening")
-			r.start("dial", r.dialChild)
-			r.notes.wait(r.t, "accepted")
-		},
+		parent: (*deathRun).dialAfterAccept,
 	},
 	{
 		name:        "handshake/dialer-survives",
@@ -192,11 +188,7 @@ var deathCases = []deathCase{
 			say("accepted")
 			return parked()
 		},
-		parent: func(r *deathRun) {
-			r.notes.wait(r.t, "listening")
-			r.start("dial", r.dialChild)
-			r.notes.wait(r.t, "accepted")
-		},
+		parent: (*deathRun).dialAfterAccept,
 	},
 	{
 		name: "handshake/acceptor-survives",
@@ -431,6 +423,14 @@ func parentAwaitsSink(s step) func(r *deathRun) {
 }
 
 // dialChild dials the child's address; a pending call.
+// dialAfterAccept dials the child's listener once it listens and returns
+// once the child has accepted.
+func (r *deathRun) dialAfterAccept() {
+	r.notes.wait(r.t, "listening")
+	r.start("dial", r.dialChild)
+	r.notes.wait(r.t, "accepted")
+}
+
 func (r *deathRun) dialChild() (int, error) {
 	cfg := r.cfg
 	d := Dialer{Config: &cfg}

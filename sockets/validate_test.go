@@ -250,11 +250,7 @@ var attacks = []attack{
 	{name: "sink past its region", cfg: &Config{NoRDMARead: true}, reason: "outside its registrations",
 		victim: func(good net.Conn) { good.Write(make([]byte, 1<<20)) },
 		lie: func(bad *Conn) (func() error, error) {
-			if err := awaitRx(bad, 1); err != nil {
-				return nil, err
-			}
-			sink := newGuarded(64 << 10)
-			mr, err := bad.dev.register(bad.owner, sink.mid, nic.AccessLocalWrite|nic.AccessRemoteWrite)
+			sink, mr, err := lyingSink(bad)
 			if err != nil {
 				return nil, err
 			}
@@ -271,11 +267,7 @@ var attacks = []attack{
 	{name: "revoked write sink", cfg: &Config{NoRDMARead: true}, reason: "outside its registrations",
 		victim: func(good net.Conn) { good.Write(make([]byte, 1<<20)) },
 		lie: func(bad *Conn) (func() error, error) {
-			if err := awaitRx(bad, 1); err != nil {
-				return nil, err
-			}
-			sink := newGuarded(64 << 10)
-			mr, err := bad.dev.register(bad.owner, sink.mid, nic.AccessLocalWrite|nic.AccessRemoteWrite)
+			sink, mr, err := lyingSink(bad)
 			if err != nil {
 				return nil, err
 			}
@@ -400,4 +392,15 @@ func TestHalfClose(t *testing.T) {
 	if err != nil || string(resp) != "response" {
 		t.Fatalf("%q, %v", resp, err)
 	}
+}
+
+// lyingSink waits until bad has received the victim's rts, then registers
+// a guarded 64 KiB sink for remote write: the region a lying cts names.
+func lyingSink(bad *Conn) (guarded, *nic.MemoryRegion, error) {
+	if err := awaitRx(bad, 1); err != nil {
+		return guarded{}, nil, err
+	}
+	sink := newGuarded(64 << 10)
+	mr, err := bad.dev.register(bad.owner, sink.mid, nic.AccessLocalWrite|nic.AccessRemoteWrite)
+	return sink, mr, err
 }
