@@ -15,7 +15,8 @@ import (
 
 // BenchmarkBlockLayers is an 8-byte ping-pong between two goroutines that
 // sleep while they wait, in rounds that alternate between the layers: a
-// raw futex pair on shared memory (the floor), two shm rings in block
+// raw futex pair on shared memory (the floor), the same pair waking only a
+// side that announced it sleeps (futexcond), two shm rings in block
 // mode, a queue pair whose completion queues wait in block mode, and a
 // connection with Config.Wait block. Alternating rounds see the same
 // machine; each layer reports the median of its rounds' half round trips
@@ -31,6 +32,8 @@ func BenchmarkBlockLayers(b *testing.B) {
 	mem := seg.Bytes()[shm.SegmentHeaderSize:]
 	ping, _ := sys.Word32(mem, 0)
 	pong, _ := sys.Word32(mem, 128)
+	pingSleeps, _ := sys.Word32(mem, 256)
+	pongSleeps, _ := sys.Word32(mem, 384)
 	r1, r2 := mem[4096:4096+shm.RingSize(64<<10)], mem[4096+shm.RingSize(64<<10):]
 	for _, r := range [][]byte{r1, r2} {
 		if err := shm.InitRing(r, 64<<10); err != nil {
@@ -71,6 +74,40 @@ func BenchmarkBlockLayers(b *testing.B) {
 			atomic.StoreUint32(pong, eseq)
 			_, err := sys.FutexWake(pong, 1)
 			return err
+		}},
+		// The same words, waking only a side that announced it sleeps
+		// (the protocol of glibc's futex users and of the shm rings). The
+		// raw pair above wakes on every message: when the peer is not
+		// asleep yet, that system call is a pause of a microsecond or two
+		// in which the reply often lands, so it sleeps less often.
+		{"futexcond", func() error {
+			fseq++
+			atomic.StoreUint32(ping, fseq)
+			if atomic.LoadUint32(pingSleeps) != 0 {
+				sys.FutexWake(ping, 1)
+			}
+			for atomic.LoadUint32(pong) != fseq {
+				atomic.StoreUint32(pongSleeps, 1)
+				if atomic.LoadUint32(pong) != fseq {
+					sys.FutexWait(pong, fseq-1, -1)
+				}
+				atomic.StoreUint32(pongSleeps, 0)
+			}
+			return nil
+		}, func() error {
+			eseq++
+			for atomic.LoadUint32(ping) != eseq {
+				atomic.StoreUint32(pingSleeps, 1)
+				if atomic.LoadUint32(ping) != eseq {
+					sys.FutexWait(ping, eseq-1, -1)
+				}
+				atomic.StoreUint32(pingSleeps, 0)
+			}
+			atomic.StoreUint32(pong, eseq)
+			if atomic.LoadUint32(pongSleeps) != 0 {
+				sys.FutexWake(pong, 1)
+			}
+			return nil
 		}},
 		{"ring", func() error {
 			if err := pa.Write(1, msg, time.Time{}); err != nil {
