@@ -111,6 +111,7 @@ func TestRunFloorRingJSON(t *testing.T) {
 		{"floor", "pingpong", "cacheline", 8, lat},
 		{"floor", "pingpong", "futex", 4, lat},
 		{"floor", "pingpong", "futex/unpinned", 4, lat},
+		{"floor", "pingpong", "futexcond/unpinned", 4, lat},
 		{"floor", "copy", "memcpy", 4 * kiB, bw},
 		{"floor", "copy", "memcpy", 64 * kiB, bw},
 		{"ring", "pingpong", "ring/busy", 8, lat},

@@ -53,7 +53,7 @@
 //
 // Metrics: lat_min_ns, lat_p50_ns, lat_p99_ns, lat_p999_ns, bw_gbps (the
 // median chunk), bw_min_gbps, bw_max_gbps, rate_mps, mem_bytes.
-// Transports: cacheline, futex, futex/unpinned, memcpy, ring/busy,
+// Transports: cacheline, futex, futex/unpinned, futexcond/unpinned, memcpy, ring/busy,
 // ring/block, nic/shm, nic/cma, cma/raw, pin/…, unix, tcp, pipe,
 // sockets/busy, sockets/block, sockets/forcetcp (until 2026-11 this row was
 // sockets/tcp, a tcp address that the dialer routed over shared memory),

@@ -109,8 +109,9 @@ func references(recs []Record, suite string, kind panelKind) []*series {
 			{"cacheline", "floor: cache-line hand-off"},
 			{"futex", "floor: futex wake-up (pinned)"},
 			{"futex/unpinned", "floor: futex wake-up (unpinned)"},
+			{"futexcond/unpinned", "floor: futex, waking only sleepers (unpinned)"},
 		} {
-			if suite != "conn" && f.transport == "futex/unpinned" {
+			if suite != "conn" && strings.HasSuffix(f.transport, "/unpinned") {
 				continue
 			}
 			for _, r := range recs {

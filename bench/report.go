@@ -12,7 +12,7 @@ import (
 	"strings"
 )
 
-const rowFormat = "%-9s %-16s %8s %9s %9s %9s %9s %9s %13s %9s %8s\n"
+const rowFormat = "%-9s %-18s %6s %9s %9s %9s %9s %9s %13s %9s %8s\n"
 
 func printSuiteHeader(w io.Writer, suite string) {
 	fmt.Fprintf(w, "\n--- %s %s\n", suite, strings.Repeat("-", 80-len(suite)))
@@ -220,14 +220,14 @@ func printSideBySide(w io.Writer, recs []Record) {
 	bwSizes := []int{64 * kiB, miB, 16 * miB}
 	const cell = "%-20s"
 	fmt.Fprintf(w, "\n--- side by side: conn %s\n", strings.Repeat("-", 62))
-	fmt.Fprintf(w, "%-18s", "")
+	fmt.Fprintf(w, "%-20s", "")
 	for _, s := range latSizes {
 		fmt.Fprintf(w, cell, fsize(s)+" half RTT")
 	}
 	for _, s := range bwSizes {
 		fmt.Fprintf(w, cell, fsize(s)+" stream")
 	}
-	fmt.Fprintf(w, "\n%-18s", "transport")
+	fmt.Fprintf(w, "\n%-20s", "transport")
 	for range latSizes {
 		fmt.Fprintf(w, cell, "µs p50 (p99)")
 	}
@@ -237,7 +237,7 @@ func printSideBySide(w io.Writer, recs []Record) {
 	fmt.Fprintln(w)
 	us := func(ns float64) string { return f3(ns / 1e3) }
 	for _, t := range transports {
-		fmt.Fprintf(w, "%-18s", t)
+		fmt.Fprintf(w, "%-20s", t)
 		for _, s := range latSizes {
 			p50, ok1 := get("conn", "pingpong", t, s, metricLatP50)
 			p99, ok2 := get("conn", "pingpong", t, s, metricLatP99)
@@ -265,6 +265,7 @@ func printSideBySide(w io.Writer, recs []Record) {
 	var floors []string
 	for _, f := range []struct{ transport, name string }{
 		{"cacheline", "cache-line hand-off"}, {"futex", "futex wake-up pinned"}, {"futex/unpinned", "unpinned"},
+		{"futexcond/unpinned", "waking only sleepers, unpinned"},
 	} {
 		for _, k := range []string{f.transport} {
 			size := 8
