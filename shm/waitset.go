@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -21,26 +22,53 @@ import (
 type WaitSet struct {
 	cs   []*Consumer
 	bell atomic.Uint32 // 1 = the owner sleeps; in-process wakers swap it to 0
-	vec  []sys.FutexWaiter
+	// one is the doorbell of the set's only ring while a Wait sleeps on
+	// that word alone (plain FUTEX_WAIT: no futex_waitv over two words);
+	// Ring then wakes the owner there. nil when the set has more rings.
+	one     atomic.Pointer[uint32]
+	ringing atomic.Int32 // Ring calls that may still use one
+	vec     []sys.FutexWaiter
 }
 
 // Add makes Wait return when c has a record, is closed or has failed. c's
 // own Next must not be used while c is in a set.
 func (w *WaitSet) Add(c *Consumer) { w.cs = append(w.cs, c) }
 
-// Remove takes c out of the set.
+// Remove takes c out of the set. Once it returns, no Ring touches c's
+// memory: the caller may unmap it.
 func (w *WaitSet) Remove(c *Consumer) {
 	if i := slices.Index(w.cs, c); i >= 0 {
 		w.cs = slices.Delete(w.cs, i, i+1)
+	}
+	if w.one.Load() == c.cBell {
+		w.one.Store(nil)
+		// A Ring that loaded the word before the store above counts
+		// itself first: wait it out (a few instructions).
+		for w.ringing.Load() != 0 {
+			runtime.Gosched()
+		}
 	}
 }
 
 // Ring wakes the set's owner if it sleeps in Wait.
 func (w *WaitSet) Ring() {
-	if w.bell.Load() != 0 && w.bell.Swap(0) != 0 {
-		// The bell is ours alone: a private futex, keyed by address.
-		sys.FutexWakePrivate(w.bellWord(), 1)
+	if w.bell.Load() == 0 {
+		return
 	}
+	w.ringing.Add(1) // before one is loaded: see Remove
+	if w.bell.Swap(0) != 0 {
+		// one was stored before the bell was announced: it is this Wait's
+		// word, or a later Wait's (then the wake-up is merely early).
+		if p := w.one.Load(); p != nil {
+			if swap32(p, 0) != 0 {
+				sys.FutexWake(p, 1)
+			}
+		} else {
+			// The bell is ours alone: a private futex, keyed by address.
+			sys.FutexWakePrivate(w.bellWord(), 1)
+		}
+	}
+	w.ringing.Add(-1)
 }
 
 func (w *WaitSet) bellWord() *uint32 { return (*uint32)(rawPointer(&w.bell)) }
@@ -74,6 +102,14 @@ func (w *WaitSet) Wait(ready func() bool, deadline time.Time) error {
 			timeout = time.Millisecond
 		}
 	}
+	// With one ring, sleep on its doorbell alone: Ring wakes us there.
+	var one *uint32
+	if len(w.cs) == 1 {
+		one = w.cs[0].cBell
+	}
+	if w.one.Load() != one {
+		w.one.Store(one)
+	}
 	// Announce on every word, then re-check: each producer (and Ring)
 	// stores its update before it loads the word, so one side sees the
 	// other.
@@ -84,6 +120,9 @@ func (w *WaitSet) Wait(ready func() bool, deadline time.Time) error {
 	defer w.withdraw()
 	if ready() {
 		return nil
+	}
+	if one != nil {
+		return sleep(one, deadline)
 	}
 	if cap(w.vec) < n {
 		w.vec = make([]sys.FutexWaiter, n)
