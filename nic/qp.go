@@ -491,9 +491,18 @@ func (qp *QueuePair) PostRecv(wr RecvWR) error {
 		qp.rqMu.Unlock()
 		return ErrQueueFull
 	}
+	// Records wait in the ring for a receive only while none is posted:
+	// then this one may take one now. Otherwise the next poll does, and a
+	// waiter counts them as ready (readyToWake) — polling the ring here
+	// would only read the line the peer is about to write.
+	starved := qp.rqHead == len(qp.rq)
 	qp.rq = append(qp.rq, postedRecv{wr, mr})
 	qp.rqLen.Add(1)
-	qp.progressRecvLocked(nil)
+	if starved {
+		qp.progressRecvLocked(nil)
+		return nil
+	}
+	qp.rqMu.Unlock()
 	return nil
 }
 
