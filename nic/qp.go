@@ -108,7 +108,10 @@ type QueuePair struct {
 	rqMu   sync.Mutex // guards rq, rqHead, in
 	rq     []postedRecv
 	rqHead int
-	rqLen  atomic.Int32
+	// rqAny tells pollers that look without the lock whether a receive
+	// is posted. Stored under rqMu, and only when that changes: a locked
+	// store per message would sit on a ping-pong's path.
+	rqAny atomic.Bool
 
 	state      atomic.Uint32
 	reason     atomic.Pointer[error]
@@ -497,8 +500,8 @@ func (qp *QueuePair) PostRecv(wr RecvWR) error {
 	// would only read the line the peer is about to write.
 	starved := qp.rqHead == len(qp.rq)
 	qp.rq = append(qp.rq, postedRecv{wr, mr})
-	qp.rqLen.Add(1)
 	if starved {
+		qp.rqAny.Store(true)
 		qp.progressRecvLocked(nil)
 		return nil
 	}
@@ -533,7 +536,7 @@ func (qp *QueuePair) inPending() bool {
 		return false
 	}
 	qp.in.Release()
-	return qp.rqLen.Load() > 0 && qp.in.Pending()
+	return qp.rqAny.Load() && qp.in.Pending()
 }
 
 // progressRecv moves incoming sends into posted receives and completes
@@ -545,7 +548,7 @@ func (qp *QueuePair) progressRecv() { qp.progressRecvInto(nil) }
 // pair's can be ahead of them), queuing the rest; it returns how many it
 // put in out. A poller then takes its completions without the CQ's lock.
 func (qp *QueuePair) progressRecvInto(out []Completion) int {
-	if qp.rqLen.Load() == 0 {
+	if !qp.rqAny.Load() {
 		return 0
 	}
 	qp.rqMu.Lock()
@@ -581,7 +584,9 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		}
 		r := &qp.rq[qp.rqHead]
 		qp.rqHead++
-		qp.rqLen.Add(-1)
+		if qp.rqHead == len(qp.rq) {
+			qp.rqAny.Store(false)
+		}
 		// Straight to the poller while nothing is queued ahead of it.
 		toOut := direct < len(out) && qp.recvCQ.n.Load() == 0
 		var c *Completion
@@ -669,7 +674,7 @@ func (qp *QueuePair) flush() {
 	for _, r := range recvs {
 		qp.recvCQ.push(&Completion{ID: r.ID, Op: OpRecv, Status: StatusFlushed, QP: qp, Reason: reason})
 	}
-	qp.rqLen.Add(-int32(len(recvs)))
+	qp.rqAny.Store(false)
 	qp.rq, qp.rqHead = nil, 0
 	qp.rqMu.Unlock()
 	qp.sqMu.Unlock()
