@@ -363,3 +363,36 @@ func TestRunPin(t *testing.T) {
 		t.Fatalf("1 MiB register p50: %v\n%s", got, out.String())
 	}
 }
+
+// TestPlansMeasureTargets: the full and quick plans measure every size a
+// target of the rdma, conn and floor (copy) suites divides — a target
+// whose rows a plan lacks is silently left out of the report (the full
+// plan's rdma sizes, powers of 4 from 8 B, once skipped 1 and 16 MiB).
+func TestPlansMeasureTargets(t *testing.T) {
+	for _, quick := range []bool{false, true} {
+		env := &Env{quick: quick, plan: fullPlan()}
+		if quick {
+			env.plan = quickPlan()
+		}
+		lat, bw := rdmaSizes(env)
+		sizes := map[[2]string][]int{
+			{"rdma", "send_lat"}: lat, {"rdma", "write_bw"}: bw, {"rdma", "read_bw"}: bw,
+			{"conn", "pingpong"}: env.plan.connPingSizes, {"conn", "stream"}: env.plan.connStreamSizes,
+			{"floor", "copy"}: env.plan.copySizes,
+		}
+		for _, tg := range targets {
+			if quick && tg.num.suite == "conn" && tg.num.cas == "stream" && tg.num.size == 4*miB {
+				continue // the quick plan streams 1 and 16 MiB only
+			}
+			for _, k := range []recordKey{tg.num, tg.den} {
+				have, ok := sizes[[2]string{k.suite, k.cas}]
+				if !ok {
+					continue
+				}
+				if !slices.Contains(have, k.size) {
+					t.Errorf("quick=%v: target %q needs %s/%s at %s; the plan measures %v", quick, tg.name, k.suite, k.cas, fsize(k.size), have)
+				}
+			}
+		}
+	}
+}

@@ -61,7 +61,7 @@ func init() {
 		target{"nic send_lat 8B p50 / busy ring 8B p50 (interleaved)",
 			recordKey{"rdma", "send_lat", "nic/shm", refSize, metricLatP50},
 			recordKey{"rdma", "send_lat", "ring/busy", refSize, metricLatP50}, 1.5, true})
-	for _, size := range []int{miB, 16 * miB} {
+	for _, size := range rdmaTargetSizes {
 		for _, cas := range []string{"write_bw", "read_bw"} {
 			targets = append(targets,
 				target{fmt.Sprintf("nic/shm %s %s / memcpy %s", cas, fsize(size), fsize(size)),
@@ -275,6 +275,10 @@ func (s *rdmaSide) close() {
 	s.d.Close()
 }
 
+// rdmaTargetSizes are the bandwidth targets' sizes: every plan but the
+// tests' tiny one measures them.
+var rdmaTargetSizes = []int{miB, 16 * miB}
+
 func rdmaSizes(env *Env) (lat, bw []int) {
 	switch {
 	case testTiny:
@@ -282,7 +286,10 @@ func rdmaSizes(env *Env) (lat, bw []int) {
 	case env.quick:
 		return []int{8, 64, 4 * kiB, 64 * kiB}, []int{64, 4 * kiB, 64 * kiB, miB, 16 * miB}
 	}
-	return pow2Sizes(8, 64*kiB, 4), pow2Sizes(8, 16*miB, 4)
+	// Powers of 4 from 8 B skip 1 and 16 MiB: add the targets' sizes.
+	bw = append(pow2Sizes(8, 16*miB, 4), rdmaTargetSizes...)
+	slices.Sort(bw)
+	return pow2Sizes(8, 64*kiB, 4), slices.Compact(bw)
 }
 
 // ringRef is the ring suite's peer and rings, for the reference that
