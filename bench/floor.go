@@ -220,22 +220,21 @@ func futexRounds(ctx context.Context, env *Env, p *peer, w floorWords, pin, cond
 		cpu = -1
 	}
 	cmd := ctlMsg{Op: "futex", Unpinned: !pin}
-	rt := futexRT
 	if cond {
-		cmd.Mode, rt = "cond", futexCondRT
+		cmd.Mode = "cond"
 	}
 	return p.run(ctx, cmd, func(error) { abort.Store(true) }, func() error {
 		return pinned(cpu, func() error {
 			seq := uint32(0)
 			var err error
 			for range warm {
-				if seq, err = rt(w, seq, &abort); err != nil {
+				if seq, err = futexRT(w, seq, cond, &abort); err != nil {
 					return err
 				}
 			}
 			smp.resume(budget, laps)
 			for {
-				if seq, err = rt(w, seq, &abort); err != nil {
+				if seq, err = futexRT(w, seq, cond, &abort); err != nil {
 					return err
 				}
 				if !smp.lap() {
@@ -300,33 +299,12 @@ func (r *refPeer) close() error {
 }
 
 // futexRT posts seq+1 on ping, wakes the peer and sleeps until pong says
-// seq+1, which it returns.
-func futexRT(w floorWords, seq uint32, abort *atomic.Bool) (uint32, error) {
+// seq+1, which it returns. In cond mode it wakes the peer only if it
+// announced its sleep, and announces its own.
+func futexRT(w floorWords, seq uint32, cond bool, abort *atomic.Bool) (uint32, error) {
 	seq++
 	atomic.StoreUint32(w.ping, seq) // publishes: the peer's turn
-	if _, err := sys.FutexWake(w.ping, 1); err != nil {
-		return 0, fmt.Errorf("futex wake: %w", err)
-	}
-	for {
-		got := atomic.LoadUint32(w.pong) // observes: the peer's answer
-		if got == seq {
-			return seq, nil
-		}
-		if err := futexSleep(w.pong, got, futexPoll); err != nil {
-			return 0, err
-		}
-		if abort.Load() {
-			return 0, errAborted
-		}
-	}
-}
-
-// futexCondRT is futexRT that wakes the peer only if it announced that it
-// sleeps on ping, and announces its own sleep on pong.
-func futexCondRT(w floorWords, seq uint32, abort *atomic.Bool) (uint32, error) {
-	seq++
-	atomic.StoreUint32(w.ping, seq) // publishes: the peer's turn
-	if err := wakeIfAsleep(w.ping, w.pingSleep); err != nil {
+	if err := futexWakeSide(w.ping, w.pingSleep, cond); err != nil {
 		return 0, err
 	}
 	for {
@@ -334,7 +312,7 @@ func futexCondRT(w floorWords, seq uint32, abort *atomic.Bool) (uint32, error) {
 		if got == seq {
 			return seq, nil
 		}
-		if err := sleepAnnounced(w.pong, w.pongSleep, got, futexPoll); err != nil {
+		if err := futexSleepSide(w.pong, w.pongSleep, got, futexPoll, cond); err != nil {
 			return 0, err
 		}
 		if abort.Load() {
@@ -343,11 +321,12 @@ func futexCondRT(w floorWords, seq uint32, abort *atomic.Bool) (uint32, error) {
 	}
 }
 
-// wakeIfAsleep wakes the sleeper on addr if it announced itself on
-// sleeper. The caller stored its update to addr first (seq-cst), so a
-// sleeper that announced after this load sees the update before sleeping.
-func wakeIfAsleep(addr, sleeper *uint32) error {
-	if atomic.LoadUint32(sleeper) == 0 {
+// futexWakeSide wakes the sleeper on addr: always, or in cond mode only if
+// it announced itself on sleeper. The caller stored its update to addr
+// first (seq-cst), so a sleeper that announces after this load sees the
+// update before it sleeps.
+func futexWakeSide(addr, sleeper *uint32, cond bool) error {
+	if cond && atomic.LoadUint32(sleeper) == 0 {
 		return nil
 	}
 	if _, err := sys.FutexWake(addr, 1); err != nil {
@@ -356,9 +335,12 @@ func wakeIfAsleep(addr, sleeper *uint32) error {
 	return nil
 }
 
-// sleepAnnounced announces on sleeper, sleeps on addr while it holds val
-// (at most timeout), and withdraws.
-func sleepAnnounced(addr, sleeper *uint32, val uint32, timeout time.Duration) error {
+// futexSleepSide sleeps on addr while it holds val, at most timeout (< 0:
+// no limit); in cond mode announced on sleeper for the sleep's duration.
+func futexSleepSide(addr, sleeper *uint32, val uint32, timeout time.Duration, cond bool) error {
+	if !cond {
+		return futexSleep(addr, val, timeout)
+	}
 	atomic.StoreUint32(sleeper, 1)
 	var err error
 	if atomic.LoadUint32(addr) == val {
@@ -416,12 +398,8 @@ func floorPeer(pc *peerConn) error {
 			for {
 				v := atomic.LoadUint32(w.ping) // observes: the parent's turn
 				switch {
-				case v == last && cond:
-					if err := sleepAnnounced(w.ping, w.pingSleep, v, -1); err != nil {
-						return err
-					}
 				case v == last:
-					if err := futexSleep(w.ping, v, -1); err != nil {
+					if err := futexSleepSide(w.ping, w.pingSleep, v, -1, cond); err != nil {
 						return err
 					}
 				case v == futexStop:
@@ -429,12 +407,8 @@ func floorPeer(pc *peerConn) error {
 				default:
 					last = v
 					atomic.StoreUint32(w.pong, v) // publishes: the answer
-					if cond {
-						if err := wakeIfAsleep(w.pong, w.pongSleep); err != nil {
-							return err
-						}
-					} else if _, err := sys.FutexWake(w.pong, 1); err != nil {
-						return fmt.Errorf("futex wake: %w", err)
+					if err := futexWakeSide(w.pong, w.pongSleep, cond); err != nil {
+						return err
 					}
 				}
 			}
