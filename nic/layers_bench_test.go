@@ -11,19 +11,35 @@ import (
 	"github.com/sandirect/sandirect/shm"
 )
 
+// pinnedThread locks the calling goroutine to a thread on cpu; the
+// returned function undoes it.
+func pinnedThread(tb testing.TB, cpu int) func() {
+	runtime.LockOSThread()
+	restore, err := sys.PinThread(cpu)
+	if err != nil {
+		runtime.UnlockOSThread()
+		tb.Skipf("pin to CPU %d: %v", cpu, err)
+	}
+	return func() { restore(); runtime.UnlockOSThread() }
+}
+
 // BenchmarkSendLayers is an 8-byte ping-pong between goroutines on
 // threads pinned to CPUs 0 and 1, in rounds that alternate between layers,
 // to find where a send's one-way time over the raw ring goes:
 //
-//   - ring: two raw shm rings (the floor; BenchmarkSendVsRing's reference);
+//   - ring: two raw shm rings, the echo writing straight from the
+//     incoming record (the floor, and send_lat's reference);
 //   - qpring: the queue pair's own rings, written and read raw (its ring
 //     geometry and memory, no nic software);
 //   - post: PostSend on both sides, the receive read raw from the ring
 //     (the send path's cost);
 //   - nic: PostSend, CompletionQueue.Wait and PostRecv (send_lat's path).
 //
-// Each layer reports the median of its rounds' one-way times and of their
-// ratios to the ring round before them.
+// On this VM the cross-core round trip changes 2-3x from one second to the
+// next; within a round of a few milliseconds it holds, so the per-round
+// ratio is what compares. Each layer reports the median of its rounds'
+// one-way times and of their ratios to the ring round before them
+// (nic/ring is the ratio send_lat's target bounds).
 func BenchmarkSendLayers(b *testing.B) {
 	if runtime.NumCPU() < 2 {
 		b.Skip("needs two CPUs")
