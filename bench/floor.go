@@ -12,6 +12,11 @@ package main
 //   - pingpong/futex/unpinned: the same with neither thread pinned to a
 //     CPU, as the conn suite runs its sleeping transports: the scheduler
 //     may then run both ends on one CPU and spare the cross-CPU wake-up.
+//   - pingpong/futexcond/unpinned: the same, each side waking the other
+//     only when it announced that it sleeps, as the shm rings do. The
+//     pair above wakes on every message: a peer still awake then gets a
+//     system call's pause in which its answer often lands, so that pair
+//     sleeps about half as often (see floorWords).
 //   - copy/memcpy: single-core copy() of a hot buffer to another, in this
 //     process: what any transport that copies pays per byte.
 
