@@ -117,6 +117,8 @@ func TestRunFloorRingJSON(t *testing.T) {
 		{"ring", "pingpong", "ring/busy", 8, lat},
 		{"ring", "pingpong", "ring/busy", 4 * kiB, lat},
 		{"ring", "pingpong", "ring/block", 8, lat},
+		{"ring", "pingpong", "cacheline", 8, lat}, // the targets' interleaved references
+		{"ring", "pingpong", "futex", 4, lat},
 		{"ring", "stream", "ring/busy", 64, bw},
 		{"ring", "stream", "ring/busy", 64 * kiB, bw},
 	}

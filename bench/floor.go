@@ -145,18 +145,29 @@ func runFloor(ctx context.Context, env *Env) (recs []Record, err error) {
 
 // cachelineRTT measures round trips of the shared word.
 func cachelineRTT(ctx context.Context, env *Env, p *peer, w floorWords) (*Latency, error) {
+	smp := newSampler(env.plan.latMax)
+	smp.start(0)
+	if err := cachelineRounds(ctx, env, p, w, env.plan.latWarm, env.plan.latTime, env.plan.latMax, smp); err != nil {
+		return nil, err
+	}
+	return summarize(smp.result()), nil
+}
+
+// cachelineRounds measures round trips of the shared word for about budget
+// or laps round trips after warm ones, adding to smp's samples (start it
+// first).
+func cachelineRounds(ctx context.Context, env *Env, p *peer, w floorWords, warm int, budget time.Duration, laps int, smp *sampler) error {
 	atomic.StoreUint64(w.line, 0) // before the peer looks: no hand-off in flight
 	var abort atomic.Bool
-	smp := newSampler(env.plan.latMax)
-	err := p.run(ctx, ctlMsg{Op: "cacheline"}, func(error) { abort.Store(true) }, func() error {
+	return p.run(ctx, ctlMsg{Op: "cacheline"}, func(error) { abort.Store(true) }, func() error {
 		return pinned(env.cpus[0], func() error {
 			v := uint64(0)
-			for range env.plan.latWarm {
+			for range warm {
 				if v = lineRTT(w.line, v, &abort); v == 0 {
 					return errAborted
 				}
 			}
-			smp.start(env.plan.latTime)
+			smp.resume(budget, laps)
 			for {
 				if v = lineRTT(w.line, v, &abort); v == 0 {
 					return errAborted
@@ -169,10 +180,6 @@ func cachelineRTT(ctx context.Context, env *Env, p *peer, w floorWords) (*Latenc
 			return nil
 		})
 	})
-	if err != nil {
-		return nil, err
-	}
-	return summarize(smp.result()), nil
 }
 
 // lineRTT hands the word to the peer (v+1, odd) and spins until it comes

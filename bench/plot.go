@@ -68,6 +68,9 @@ func collectSeries(recs []Record, suite string, kind panelKind) []*series {
 		if r.Suite != suite || r.Metric != kind.metric || r.Size <= 0 || !(r.Value > 0) {
 			continue
 		}
+		if suite != "floor" && floorTransports[r.Transport] {
+			continue // an interleaved reference: drawn as one (references)
+		}
 		k := key{r.Case, r.Transport}
 		s := byKey[k]
 		if s == nil {
@@ -98,6 +101,10 @@ func collectSeries(recs []Record, suite string, kind panelKind) []*series {
 	return out
 }
 
+// floorTransports are the floor suite's ping-pongs, which other suites
+// also measure as interleaved references.
+var floorTransports = map[string]bool{"cacheline": true, "futex": true, "futex/unpinned": true, "futexcond/unpinned": true}
+
 // references returns the floors a panel of suite is drawn against.
 func references(recs []Record, suite string, kind panelKind) []*series {
 	if suite == "floor" {
@@ -114,9 +121,15 @@ func references(recs []Record, suite string, kind panelKind) []*series {
 			if suite != "conn" && strings.HasSuffix(f.transport, "/unpinned") {
 				continue
 			}
-			for _, r := range recs {
-				if r.Suite == "floor" && r.Case == "pingpong" && r.Transport == f.transport && r.Metric == metricLatP50 {
-					out = append(out, &series{name: f.name, transport: f.transport, ref: true, y: []float64{r.Value}})
+			// The suite's own row, measured interleaved with its
+			// transports, if it has one; else the floor suite's.
+			for _, src := range []string{suite, "floor"} {
+				i := slices.IndexFunc(recs, func(r Record) bool {
+					return r.Suite == src && r.Case == "pingpong" && r.Transport == f.transport && r.Metric == metricLatP50
+				})
+				if i >= 0 {
+					out = append(out, &series{name: f.name, transport: f.transport, ref: true, y: []float64{recs[i].Value}})
+					break
 				}
 			}
 		}

@@ -10,12 +10,17 @@ package main
 //     the peer copies each one out into a private buffer and releases it.
 //     Bandwidth counts payload bytes from the first record to the peer's
 //     acknowledgement of the last.
+//   - pingpong/cacheline (8 B) and pingpong/futex (4 B): the floor suite's
+//     ping-pongs, run by the floor's peer in rounds alternating with the
+//     ring's 8 B busy and block ping-pongs: the references of this suite's
+//     latency targets, measured in the same minutes as what they divide.
 
 import (
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sandirect/sandirect/shm"
@@ -27,11 +32,21 @@ func init() {
 		Doc:  "shm ring ping-pong (busy-poll, block) and one-way streaming between two processes",
 		Run:  runRing,
 		Rows: func(env *Env) int {
-			return len(env.plan.pingSizes) + len(env.plan.blockSizes) + len(env.plan.streamSizes)
+			refs := 0 // the targets' interleaved references
+			for _, sizes := range [][]int{env.plan.pingSizes, env.plan.blockSizes} {
+				if slices.Contains(sizes, refSize) {
+					refs++
+				}
+			}
+			return len(env.plan.pingSizes) + len(env.plan.blockSizes) + len(env.plan.streamSizes) + refs
 		},
 	})
 	registerPeer("ring", ringPeer)
 }
+
+// ringRefRounds is how many rounds the 8 B ping-pongs alternate with
+// their targets' references.
+const ringRefRounds = 8
 
 // Layout of the ring segment: two ring regions of the largest capacity, A
 // (parent → peer) right after the segment header, B (peer → parent) after
@@ -93,6 +108,19 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 		{shm.WaitBusyPoll, env.plan.pingSizes, env.plan.latWarm, env.plan.latMax, env.plan.latTime},
 		{shm.WaitBlock, env.plan.blockSizes, env.plan.blockWarm, env.plan.blockMax, env.plan.blockTime},
 	}
+	// The targets' references, measured in rounds alternating with the
+	// ring's 8 B ping-pongs (see ringRefRounds).
+	var ref *floorRef
+	if slices.Contains(env.plan.pingSizes, refSize) || slices.Contains(env.plan.blockSizes, refSize) {
+		if ref, err = startFloorRef(env); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cerr := ref.close(); err == nil {
+				err = cerr
+			}
+		}()
+	}
 	for _, m := range modes {
 		smp := newSampler(m.max)
 		for _, size := range m.sizes {
@@ -100,11 +128,42 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 				return recs, err
 			}
 			smp.start(0)
-			if err := ringPingPong(ctx, env, p, rr, m.mode, size, m.warm, m.budget, m.max, smp); err != nil {
-				return recs, fmt.Errorf("pingpong %s %d B: %w", m.mode, size, err)
+			if ref == nil || size != refSize {
+				if err := ringPingPong(ctx, env, p, rr, m.mode, size, m.warm, m.budget, m.max, smp); err != nil {
+					return recs, fmt.Errorf("pingpong %s %d B: %w", m.mode, size, err)
+				}
+				recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "ring/" + m.mode.String(),
+					Size: size, Lat: summarize(smp.result())})...)
+				continue
+			}
+			// In rounds, each followed by a round of the floor a target
+			// divides by (the cache-line hand-off for busy polling, the
+			// pinned futex wake-up for blocking) between two other
+			// processes on the same CPUs: the vCPUs' placement changes
+			// both severalfold from minute to minute.
+			rsmp := newSampler(m.max)
+			rsmp.start(0)
+			warm, budget, laps := m.warm/ringRefRounds, m.budget/ringRefRounds, m.max/ringRefRounds
+			for range ringRefRounds {
+				if err := ringPingPong(ctx, env, p, rr, m.mode, size, warm, budget, laps, smp); err != nil {
+					return recs, fmt.Errorf("pingpong %s %d B: %w", m.mode, size, err)
+				}
+				if m.mode == shm.WaitBusyPoll {
+					err = cachelineRounds(ctx, env, ref.p, ref.w, warm, budget, laps, rsmp)
+				} else {
+					err = futexRounds(ctx, env, ref.p, ref.w, true, false, warm, budget, laps, rsmp)
+				}
+				if err != nil {
+					return recs, fmt.Errorf("reference of pingpong %s %d B: %w", m.mode, size, err)
+				}
 			}
 			recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "ring/" + m.mode.String(),
 				Size: size, Lat: summarize(smp.result())})...)
+			refRow := Result{Case: "pingpong", Transport: "cacheline", Size: 8, Lat: summarize(rsmp.result())}
+			if m.mode != shm.WaitBusyPoll {
+				refRow.Transport, refRow.Size = "futex", 4
+			}
+			recs = append(recs, env.Report(refRow)...)
 		}
 	}
 	for _, size := range env.plan.streamSizes {
