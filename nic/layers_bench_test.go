@@ -2,12 +2,11 @@ package nic
 
 import (
 	"runtime"
-	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -77,107 +76,87 @@ func BenchmarkSendLayers(b *testing.B) {
 	msg, out := make([]byte, 8), make([]byte, 8)
 	var c, pc [1]Completion
 	wr := SendWR{Op: OpSend, Local: bufA[:8], LKey: mrA.LKey, Unsignaled: true}
-	// Errors end the round early; the result is then meaningless, not
-	// wrong, and the next layer's round still runs.
-	layers := []struct {
-		name       string
-		ping, echo func()
-	}{
-		{"ring", func() {
-			pa.Write(1, msg, time.Time{})
-			if rec, err := cb.Next(time.Time{}); err == nil {
-				copy(out, rec.Data)
+	layers := []testutil.Layer{
+		{Name: "ring", Ping: func() error {
+			if err := pa.Write(1, msg, time.Time{}); err != nil {
+				return err
 			}
-			cb.Release()
-		}, func() {
-			if rec, err := ca.Next(time.Time{}); err == nil {
-				pb.Write(rec.Tag, rec.Data, time.Time{})
+			return readRaw(cb, out)
+		}, Echo: func() error { return echoRaw(ca, pb) }},
+		{Name: "qpring", Ping: func() error {
+			if err := a.qp.out.Write(tagSend, msg, time.Time{}); err != nil {
+				return err
 			}
-			ca.Release()
-		}},
-		{"qpring", func() {
-			a.qp.out.Write(tagSend, msg, time.Time{})
-			if rec, err := a.qp.in.Next(time.Time{}); err == nil {
-				copy(out, rec.Data)
+			return readRaw(a.qp.in, out)
+		}, Echo: func() error { return echoRaw(p.qp.in, p.qp.out) }},
+		{Name: "post", Ping: func() error {
+			if err := a.qp.PostSend(wr); err != nil {
+				return err
 			}
-			a.qp.in.Release()
-		}, func() {
-			if rec, err := p.qp.in.Next(time.Time{}); err == nil {
-				p.qp.out.Write(rec.Tag, rec.Data, time.Time{})
+			return readRaw(a.qp.in, out)
+		}, Echo: func() error {
+			rec, err := p.qp.in.Next(time.Time{})
+			if err != nil {
+				return err
 			}
+			n := copy(bufP, rec.Data)
+			err = p.qp.PostSend(SendWR{Op: OpSend, Local: bufP[:n], LKey: mrP.LKey, Unsignaled: true})
 			p.qp.in.Release()
+			return err
 		}},
-		{"post", func() {
-			a.qp.PostSend(wr)
-			if rec, err := a.qp.in.Next(time.Time{}); err == nil {
-				copy(out, rec.Data)
+		{Name: "nic", Ping: func() error {
+			if err := a.qp.PostSend(wr); err != nil {
+				return err
 			}
-			a.qp.in.Release()
-		}, func() {
-			if rec, err := p.qp.in.Next(time.Time{}); err == nil {
-				n := copy(bufP, rec.Data)
-				p.qp.PostSend(SendWR{Op: OpSend, Local: bufP[:n], LKey: mrP.LKey, Unsignaled: true})
+			if _, err := a.rcq.Wait(c[:], time.Time{}); err != nil {
+				return err
 			}
-			p.qp.in.Release()
-		}},
-		{"nic", func() {
-			a.qp.PostSend(wr)
-			a.rcq.Wait(c[:], time.Time{})
-			id := c[0].ID % slots
-			a.qp.PostRecv(RecvWR{ID: id, Buf: bufA[id*64 : id*64+64], LKey: mrA.LKey})
-		}, func() {
-			p.rcq.Wait(pc[:], time.Time{})
-			i := pc[0].ID % slots
+			if err := c[0].Err(); err != nil {
+				return err
+			}
+			id := c[0].ID
+			return a.qp.PostRecv(RecvWR{ID: id, Buf: bufA[id*64 : id*64+64], LKey: mrA.LKey})
+		}, Echo: func() error {
+			if _, err := p.rcq.Wait(pc[:], time.Time{}); err != nil {
+				return err
+			}
+			if err := pc[0].Err(); err != nil {
+				return err
+			}
+			i := pc[0].ID
 			buf := bufP[i*64 : i*64+64]
-			p.qp.PostSend(SendWR{Op: OpSend, Local: buf[:min(pc[0].Bytes, 64)], LKey: mrP.LKey, Unsignaled: true})
-			p.qp.PostRecv(RecvWR{ID: i, Buf: buf, LKey: mrP.LKey})
+			if err := p.qp.PostSend(SendWR{Op: OpSend, Local: buf[:pc[0].Bytes], LKey: mrP.LKey, Unsignaled: true}); err != nil {
+				return err
+			}
+			return p.qp.PostRecv(RecvWR{ID: i, Buf: buf, LKey: mrP.LKey})
 		}},
 	}
-	var phase atomic.Int64 // round r runs when phase is r; -1 stops the echo
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer pinnedThread(b, 1)()
-		for r := int64(1); ; r++ {
-			for ph := phase.Load(); ph != r; ph = phase.Load() {
-				if ph < 0 {
-					return
-				}
-			}
-			l := layers[(r-1)%int64(len(layers))]
-			for range perRound {
-				l.echo()
-			}
+	testutil.AlternatingRounds(b, layers, perRound, func(echo bool) func() {
+		if echo {
+			return pinnedThread(b, 1)
 		}
-	}()
-	defer func() { phase.Store(-1); <-done }()
-	defer pinnedThread(b, 0)()
-	ratios := make([][]float64, len(layers))
-	ns := make([][]float64, len(layers))
-	r := int64(0)
-	for b.Loop() {
-		var ring float64
-		for i, l := range layers {
-			r++
-			phase.Store(r)
-			t0 := time.Now()
-			for range perRound {
-				l.ping()
-			}
-			one := float64(time.Since(t0).Nanoseconds()) / perRound / 2
-			if i == 0 {
-				ring = one
-			}
-			ns[i] = append(ns[i], one)
-			ratios[i] = append(ratios[i], one/ring)
-		}
+		return pinnedThread(b, 0)
+	})
+}
+
+// readRaw reads the next record of in into out and releases it.
+func readRaw(in *shm.Consumer, out []byte) error {
+	rec, err := in.Next(time.Time{})
+	if err != nil {
+		return err
 	}
-	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
-	for i, l := range layers {
-		b.ReportMetric(median(ns[i]), l.name+"-ns")
-		if i > 0 {
-			b.ReportMetric(median(ratios[i]), l.name+"/ring")
-		}
+	copy(out, rec.Data)
+	in.Release()
+	return nil
+}
+
+// echoRaw writes the next record of in back on out, straight from the ring.
+func echoRaw(in *shm.Consumer, out *shm.Producer) error {
+	rec, err := in.Next(time.Time{})
+	if err != nil {
+		return err
 	}
-	b.ReportMetric(0, "ns/op")
+	err = out.Write(rec.Tag, rec.Data, time.Time{})
+	in.Release()
+	return err
 }

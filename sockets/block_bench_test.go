@@ -1,14 +1,13 @@
 package sockets
 
 import (
-	"fmt"
 	"io"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/nic"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -142,59 +141,11 @@ func BenchmarkBlockLayers(b *testing.B) {
 			return err
 		}},
 	}
-	var phase atomic.Int64
-	done := make(chan error, 1)
-	go func() {
-		for r := int64(1); ; r++ {
-			for ph := phase.Load(); ph != r; ph = phase.Load() {
-				if ph < 0 {
-					done <- nil
-					return
-				}
-			}
-			l := layers[(r-1)%int64(len(layers))]
-			for range per {
-				if err := l.echo(); err != nil {
-					done <- fmt.Errorf("%s echo: %w", l.name, err)
-					return
-				}
-			}
-		}
-	}()
-	halves := make([][]float64, len(layers))
-	ratios := make([][]float64, len(layers))
-	r := int64(0)
-	for b.Loop() {
-		var futex float64
-		for i, l := range layers {
-			r++
-			phase.Store(r)
-			t0 := time.Now()
-			for range per {
-				if err := l.ping(); err != nil {
-					b.Fatalf("%s: %v", l.name, err)
-				}
-			}
-			half := float64(time.Since(t0).Nanoseconds()) / per / 2
-			if i == 0 {
-				futex = half
-			}
-			halves[i] = append(halves[i], half)
-			ratios[i] = append(ratios[i], half/futex)
-		}
-	}
-	phase.Store(-1)
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	tl := make([]testutil.Layer, len(layers))
 	for i, l := range layers {
-		b.ReportMetric(median(halves[i]), l.name+"-ns")
-		if i > 0 {
-			b.ReportMetric(median(ratios[i]), l.name+"/futex")
-		}
+		tl[i] = testutil.Layer{Name: l.name, Ping: l.ping, Echo: l.echo}
 	}
-	b.ReportMetric(0, "ns/op")
+	testutil.AlternatingRounds(b, tl, per, nil)
 }
 
 // nicEnd is one side of a queue pair for BenchmarkBlockLayers: 16 posted
