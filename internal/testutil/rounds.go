@@ -27,15 +27,23 @@ type Layer struct {
 //
 // thread, when not nil, is called first in the echo goroutine (echo true)
 // and in the measuring one (false), and what it returns when each is done:
-// to lock and pin their threads, say.
-func AlternatingRounds(b *testing.B, layers []Layer, perRound int, thread func(echo bool) func()) {
+// to lock and pin their threads, say. If it fails, the benchmark is
+// skipped with its error, before any round runs.
+func AlternatingRounds(b *testing.B, layers []Layer, perRound int, thread func(echo bool) (func(), error)) {
 	b.Helper()
 	var phase atomic.Int64 // round r runs when phase is r; -1 ends the echoes
+	ready := make(chan error, 1)
 	done := make(chan error, 1)
 	go func() {
 		if thread != nil {
-			defer thread(true)()
+			undo, err := thread(true)
+			if err != nil {
+				ready <- err
+				return
+			}
+			defer undo()
 		}
+		ready <- nil
 		for r := int64(1); ; r++ {
 			for ph := phase.Load(); ph != r; ph = phase.Load() {
 				if ph < 0 {
@@ -52,11 +60,20 @@ func AlternatingRounds(b *testing.B, layers []Layer, perRound int, thread func(e
 			}
 		}
 	}()
+	if err := <-ready; err != nil {
+		b.Skip(err)
+	}
 	halves := make([][]float64, len(layers))
 	ratios := make([][]float64, len(layers))
 	func() {
 		if thread != nil {
-			defer thread(false)()
+			undo, err := thread(false)
+			if err != nil {
+				phase.Store(-1)
+				<-done
+				b.Skip(err)
+			}
+			defer undo()
 		}
 		r := int64(0)
 		for b.Loop() {
