@@ -442,6 +442,7 @@ func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, ta
 		in:         in,
 		readerDone: make(chan struct{}),
 	}
+	qp.inlineMax = min(d.attr.MaxInline, out.MaxPayload())
 	qp.peer.table = table
 	qp.peer.tableSeg = tseg
 	qp.peer.segs = map[uint32]*shm.Segment{}

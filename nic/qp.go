@@ -96,6 +96,7 @@ type QueuePair struct {
 	seg            *shm.Segment
 	out            *shm.Producer
 	in             *shm.Consumer
+	inlineMax      int // sends of at most this many bytes take postInline
 	peer           peerInfo
 
 	// Lock order: sqMu, then rqMu, then CQ locks.
@@ -160,6 +161,78 @@ func (qp *QueuePair) stateErr() error {
 
 // PostSend queues a send, RDMA Write or RDMA Read.
 func (qp *QueuePair) PostSend(wr SendWR) error {
+	if wr.Op == OpSend && len(wr.Local) <= qp.inlineMax {
+		return qp.postInline(&wr)
+	}
+	return qp.postSend(&wr)
+}
+
+// postInline is PostSend's path for a send of at most inlineMax bytes: the
+// message goes into the peer's ring now, in one pass with nothing looked
+// up twice — it is most of a small message's software cost. With work
+// queued ahead, or the ring full, it takes the general path.
+func (qp *QueuePair) postInline(wr *SendWR) error {
+	n := len(wr.Local)
+	// Device memory (a live region of this device's segments) needs no
+	// fault protection: neither it nor the ring can vanish under the copy.
+	plain := qp.dev.devMem(wr.LKey, wr.Local)
+	qp.sqMu.Lock()
+	if qp.state.Load() != uint32(QPReady) {
+		qp.sqMu.Unlock()
+		return qp.stateErr()
+	}
+	if len(qp.sq) != 0 {
+		qp.sqMu.Unlock()
+		return qp.postSend(wr)
+	}
+	buf, err := qp.out.Reserve(n, pastDeadline)
+	if err != nil {
+		qp.sqMu.Unlock()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return qp.postSend(wr) // the ring is full: RNR, in the engine
+		}
+		return qp.completeInline(wr, StatusFlushed, err)
+	}
+	if plain {
+		copy(buf, wr.Local)
+	} else if err := safeCopy(buf, wr.Local); err != nil {
+		qp.out.Commit(tagNop, 0) // gives the reservation back; the peer skips it
+		qp.sqMu.Unlock()
+		return qp.completeInline(wr, StatusLocalAccess, err)
+	}
+	if err := qp.out.Commit(tagSend, n); err != nil {
+		qp.sqMu.Unlock()
+		return qp.completeInline(wr, StatusFlushed, err)
+	}
+	ss := &qp.sstats
+	ss.InlineExecs++
+	ss.Sends++
+	ss.BytesSent += uint64(n)
+	if !wr.Unsignaled {
+		qp.sendCQ.push(&Completion{ID: wr.ID, Op: OpSend, Status: StatusSuccess, Bytes: n, QP: qp})
+	}
+	qp.sqMu.Unlock()
+	return nil
+}
+
+// completeInline completes a failed inline send: the queue pair goes to
+// the error state, the failure is on the send CQ, the queue flushed.
+func (qp *QueuePair) completeInline(wr *SendWR, st Status, reason error) error {
+	qp.sqMu.Lock()
+	qp.sstats.InlineExecs++
+	failed := qp.finishSend(wr, 0, st, reason)
+	qp.sqMu.Unlock()
+	if failed {
+		qp.flush()
+	}
+	return nil
+}
+
+// pastDeadline is a deadline in the past: Reserve does not wait.
+var pastDeadline = time.Unix(0, 1)
+
+// postSend is PostSend's general path.
+func (qp *QueuePair) postSend(wr *SendWR) error {
 	n := len(wr.Local)
 	var mr *MemoryRegion // the local region, when the request names one
 	switch wr.Op {
@@ -207,7 +280,7 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 		st, reason, finished := qp.sendNow(wr.Local, mr, time.Time{})
 		if finished {
 			qp.sstats.InlineExecs++
-			failed := qp.finishSend(&wr, n, st, reason)
+			failed := qp.finishSend(wr, n, st, reason)
 			qp.sqMu.Unlock()
 			if failed {
 				qp.flush()
@@ -216,13 +289,13 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 		}
 		// The peer's ring is full: the engine retries while the peer makes
 		// progress (RNR).
-		return qp.enqueueLocked(&sendOp{wr: wr, mr: mr, rnrSince: time.Now(), rnrHead: qp.out.Released()})
+		return qp.enqueueLocked(&sendOp{wr: *wr, mr: mr, rnrSince: time.Now(), rnrHead: qp.out.Released()})
 	}
 	if len(qp.sq) == 0 && qp.dev.cfg.InlineExec > 0 {
 		// Nothing queued ahead: run it now, up to InlineExec bytes (a send
 		// is all or nothing). What is left goes to the engine and to
 		// pollers of the send CQ, so posting stays bounded in time.
-		op := sendOp{wr: wr, mr: mr}
+		op := sendOp{wr: *wr, mr: mr}
 		st, reason, finished := qp.execute(&op, qp.dev.cfg.InlineExec, time.Time{})
 		if finished {
 			qp.sstats.InlineExecs++
@@ -237,7 +310,7 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 		*queued = op
 		return qp.enqueueLocked(queued)
 	}
-	return qp.enqueueLocked(&sendOp{wr: wr, mr: mr})
+	return qp.enqueueLocked(&sendOp{wr: *wr, mr: mr})
 }
 
 // enqueueLocked queues op for the engine and unlocks sqMu. An inline
