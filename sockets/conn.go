@@ -109,6 +109,7 @@ type session struct {
 	wtx           *txfer   // write rendezvous in progress
 	lastCancelled uint32   // id of the last cancelled write rendezvous, +1 (0: none)
 	copyInFlight  int
+	lastDone      time.Time // when the peer's last done arrived (pieceCopier)
 	// The source choice's memory of the application: the previous large
 	// write's buffer, and whether this write reuses it.
 	lastWrite, lastWriteLen uintptr
@@ -161,6 +162,11 @@ type txfer struct {
 	mr      *nic.MemoryRegion
 	done    bool
 	abandon bool // the writer gave up (close, deadline): release at done
+	// A copied piece that pieceCopier timed: its way, the copy's time,
+	// and when the rts left (the reader could start).
+	nt     bool
+	copyD  time.Duration
+	sentAt time.Time
 	// write rendezvous:
 	cts            bool // a cts waits to be served
 	ctsOff, ctsLen uint32

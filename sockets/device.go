@@ -35,6 +35,8 @@ type device struct {
 	free      [tempClasses][][]byte
 	slabs     [][]byte
 	allocated int
+
+	pieces pieceCopier // copies sources into temporary memory
 }
 
 // Temporary buffers come in power-of-two classes from 64 KiB.

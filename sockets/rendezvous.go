@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 
 	"github.com/sandirect/sandirect/nic"
 )
@@ -148,7 +149,10 @@ func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, er
 		}
 		c.stats.count(cRegisters, 1)
 		c.mu.Unlock()
-		copy(t, body)
+		x.nt, x.copyD = c.dev.pieces.copy(t[:len(body)], body)
+		if x.nt {
+			c.stats.count(cBytesCopiedNT, uint64(len(body)))
+		}
 		c.mu.Lock()
 		x.src, x.temp, x.mr = t[:len(body)], t, mr
 		return nil
@@ -265,6 +269,9 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	if err := c.sendLocked(&h, b[:inline]); err != nil {
 		c.releaseSourceLocked(x)
 		return 0, err
+	}
+	if x.copyD > 0 {
+		x.sentAt = time.Now()
 	}
 	c.stats.count(cBytesInline, uint64(inline))
 	c.stats.count(cRendezvous, 1)
@@ -469,6 +476,17 @@ func (c *Conn) onDoneLocked(h *header) {
 	if x.temp != nil {
 		c.copyInFlight -= int(x.size)
 	}
+	now := time.Now()
+	if x.copyD > 0 {
+		// The reader's time on this piece: from when it could start it
+		// (the rts left, or it finished the one before) to now.
+		start := x.sentAt
+		if c.lastDone.After(start) {
+			start = c.lastDone
+		}
+		c.dev.pieces.record(x.nt, int(x.size), max(x.copyD, now.Sub(start)))
+	}
+	c.lastDone = now
 	c.releaseSourceLocked(x)
 	c.stats.count(cBytesReadRdv, uint64(x.size))
 }

@@ -20,6 +20,7 @@ type Counters struct {
 	BytesWriteRendezvous uint64
 	BytesZeroCopy        uint64
 	BytesCopied          uint64
+	BytesCopiedNT        uint64 // of BytesCopied: copied around the caches (pieceCopier)
 	BytesDirect          uint64 // rendezvous bytes received into the Read's own buffer
 	BytesStaged          uint64 // rendezvous bytes received through a staging buffer
 	BytesRead            uint64 // bytes returned by Read
@@ -52,6 +53,7 @@ const (
 	cBytesWriteRdv
 	cBytesZeroCopy
 	cBytesCopied
+	cBytesCopiedNT
 	cBytesDirect
 	cBytesStaged
 	cBytesRead
@@ -133,7 +135,7 @@ func (s *stats) snapshot() Counters {
 	return Counters{
 		BytesEager: v(cBytesEager), BytesInline: v(cBytesInline),
 		BytesReadRendezvous: v(cBytesReadRdv), BytesWriteRendezvous: v(cBytesWriteRdv),
-		BytesZeroCopy: v(cBytesZeroCopy), BytesCopied: v(cBytesCopied),
+		BytesZeroCopy: v(cBytesZeroCopy), BytesCopied: v(cBytesCopied), BytesCopiedNT: v(cBytesCopiedNT),
 		BytesDirect: v(cBytesDirect), BytesStaged: v(cBytesStaged), BytesRead: v(cBytesRead),
 		Rendezvous: v(cRendezvous), CopyChosen: v(cCopyChosen), ZeroChosen: v(cZeroChosen),
 		CopyNewBuffer: v(cCopyNewBuffer),

@@ -1,0 +1,140 @@
+package sockets
+
+import (
+	"sync"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/mem"
+)
+
+// pieceCopier copies the pieces of copied rendezvous into temporary memory
+// either through the caches (copy) or around them (mem.CopyNT), whichever
+// has been faster lately on this device.
+//
+// Which is faster depends on where the machine puts the two processes'
+// cores, and on this VM that changes from minute to minute. When a cache
+// line passes between them in 60-100 ns, the reader finds a cached piece
+// in our cache and two threads stream a 512 KiB-piece pipeline at 12-25
+// GB/s, against 6-8 GB/s through memory. When a line takes 250-300 ns
+// (the host put the vCPUs far apart), the writer's cached stores must
+// first take every line back from the reader's cache and the same
+// pipeline falls to 3.6-6 GB/s, while non-temporal stores, which need no
+// line read in, keep it at 7-10 GB/s (docs/protocol.md, "Copied pieces").
+//
+// Our copy's own speed does not tell the two cases apart — non-temporal
+// stores are always fast for the writer, and leave the reader to fetch
+// the piece from memory — so a piece's cost is the longer of our copy and
+// the reader's time on it (from when it could start, the rts sent or the
+// previous done, to its done). Nor does one piece: a cached piece after
+// non-temporal ones finds its buffer in no cache. So the ways are measured
+// in runs: after a change of way the first warmPieces pieces are not
+// counted; the way with the lower cost per byte is used, and every
+// copierRetry the other gets a run of warmPieces+trialPieces.
+type pieceCopier struct {
+	mu    sync.Mutex
+	rate  [2]float64   // moving average, bytes per ns: [0] copy, [1] non-temporal
+	tried [2]time.Time // when each way's last run began
+	way   int          // the way of the last piece
+	run   int          // pieces in a row in that way
+	trial int          // pieces left in a trial run of the other way
+}
+
+const (
+	// ntMinPiece: smaller pieces always go through the caches; a reader
+	// takes them at once.
+	ntMinPiece = 256 << 10
+	// warmPieces after a change of way are not counted: the temporary
+	// buffers they cycle through (MaxCopyInFlight / CopyChunk, 4 by
+	// default) are not yet where that way leaves them.
+	warmPieces  = 6
+	trialPieces = 6
+	// copierRetry is how often the slower way is measured again: a trial
+	// run of 12 pieces at a third of the speed every 250 ms costs well
+	// under 1%, and a placement change is followed within a second.
+	copierRetry = 250 * time.Millisecond
+)
+
+// copy copies src into dst (as long). For a piece of at least ntMinPiece
+// bytes it reports the way it took and, if the piece is to be counted,
+// how long the copy took: the caller then records the piece's cost once
+// the reader is done with it.
+func (p *pieceCopier) copy(dst, src []byte) (nt bool, d time.Duration) {
+	if len(src) < ntMinPiece {
+		copy(dst, src)
+		return false, 0
+	}
+	start := time.Now()
+	nt, count := p.choose(start)
+	if nt {
+		mem.CopyNT(dst, src)
+	} else {
+		copy(dst, src)
+	}
+	if !count {
+		return nt, 0
+	}
+	return nt, max(time.Since(start), 1)
+}
+
+// choose picks the way for a piece starting at now, and whether its cost
+// counts.
+func (p *pieceCopier) choose(now time.Time) (nt, count bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	way := p.way
+	switch {
+	case p.trial > 0:
+		p.trial--
+	case p.tried[0].IsZero() || p.tried[1].IsZero():
+		// Measure each way once, cached first.
+		way = 0
+		if !p.tried[0].IsZero() {
+			way = 1
+		}
+		if way != p.way || p.run == 0 {
+			p.tried[way] = now
+			p.trial = warmPieces + trialPieces - 1
+		}
+	default:
+		fast := 0
+		if p.rate[1] > p.rate[0] {
+			fast = 1
+		}
+		way = fast
+		if slow := 1 - fast; now.Sub(p.tried[slow]) >= copierRetry {
+			way = slow
+			p.tried[slow] = now
+			p.trial = warmPieces + trialPieces - 1
+		}
+	}
+	if way != p.way {
+		p.way, p.run = way, 0
+	}
+	p.run++
+	return way == 1, p.run > warmPieces
+}
+
+// record folds the cost d of a piece of n bytes into its way's average.
+// A piece costs the longer of its two halves in the pipeline: our copy,
+// and the reader's time on it (see Conn.onDoneLocked).
+func (p *pieceCopier) record(nt bool, n int, d time.Duration) {
+	way := 0
+	if nt {
+		way = 1
+	}
+	r := float64(n) / float64(max(d, 1))
+	p.mu.Lock()
+	if p.rate[way] == 0 {
+		p.rate[way] = r
+	} else {
+		p.rate[way] += (r - p.rate[way]) / 4
+	}
+	p.mu.Unlock()
+}
+
+// rates returns the averages (bytes per ns) of the two ways.
+func (p *pieceCopier) rates() (cached, nt float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rate[0], p.rate[1]
+}
