@@ -19,6 +19,9 @@ package main
 //     sleeps about half as often (see floorWords).
 //   - copy/memcpy: single-core copy() of a hot buffer to another, in this
 //     process: what any transport that copies pays per byte.
+//   - stream/pipeline/{cached,nt,best}: two threads streaming through a
+//     shared buffer, each copying once: what two cores can stream at all
+//     where the host placed them (pipeline.go).
 
 import (
 	"context"
@@ -36,9 +39,9 @@ import (
 func init() {
 	register(&Suite{
 		Name: "floor",
-		Doc:  "cross-process cache-line and futex round trips, single-core copy() bandwidth",
+		Doc:  "cross-process cache-line and futex round trips, single-core copy() bandwidth, two-core pipeline bandwidth",
 		Run:  runFloor,
-		Rows: func(env *Env) int { return len(env.plan.copySizes) + 4 },
+		Rows: func(env *Env) int { return len(env.plan.copySizes) + 3*len(env.plan.pipeSizes) + 4 },
 	})
 	registerPeer("floor", floorPeer)
 }
@@ -100,6 +103,10 @@ func runFloor(ctx context.Context, env *Env) (recs []Record, err error) {
 	// host places the two vCPUs changes the cross-core latency severalfold
 	// from minute to minute).
 	recs = measureCopy(ctx, env)
+	if err := ctx.Err(); err != nil {
+		return recs, err
+	}
+	recs = append(recs, measurePipeline(ctx, env, env.plan.pipeSizes)...)
 	if err := ctx.Err(); err != nil {
 		return recs, err
 	}

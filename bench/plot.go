@@ -136,8 +136,12 @@ func references(recs []Record, suite string, kind panelKind) []*series {
 		return out
 	}
 	for _, s := range collectSeries(recs, "floor", kind) {
-		if s.transport == "memcpy" {
+		switch s.transport {
+		case "memcpy":
 			s.name, s.ref, s.lo, s.hi = "floor: single-core copy()", true, nil, nil
+			out = append(out, s)
+		case "pipeline/best":
+			s.name, s.ref, s.lo, s.hi = "floor: two-core pipeline (placement's best)", true, nil, nil
 			out = append(out, s)
 		}
 	}

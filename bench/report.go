@@ -286,6 +286,9 @@ func printSideBySide(w io.Writer, recs []Record) {
 		if bw, ok := get("floor", "copy", "memcpy", s, metricBW); ok {
 			floors = append(floors, fmt.Sprintf("copy() %s %s GB/s", fsize(s), f3(bw)))
 		}
+		if bw, ok := get("floor", "stream", "pipeline/best", s, metricBW); ok {
+			floors = append(floors, fmt.Sprintf("two-core pipeline %s %s GB/s", fsize(s), f3(bw)))
+		}
 		if bw, ok := get("rdma", "read_bw", "cma/raw", s, metricBW); ok {
 			floors = append(floors, fmt.Sprintf("process_vm_readv %s %s GB/s", fsize(s), f3(bw)))
 		}

@@ -203,6 +203,7 @@ type plan struct {
 	blockSizes  []int // ring ping-pong, block
 	streamSizes []int // ring streaming
 	copySizes   []int // memcpy
+	pipeSizes   []int // floor's two-core pipeline
 
 	connPingSizes   []int // conn ping-pong, every transport
 	connStreamSizes []int // conn streaming
@@ -233,6 +234,7 @@ func fullPlan() plan {
 		blockSizes:  pow2Sizes(8, 64*kiB, 2),
 		streamSizes: pow2Sizes(64, miB, 4),
 		copySizes:   pow2Sizes(4*kiB, 256*miB, 4),
+		pipeSizes:   []int{miB, 4 * miB, 16 * miB},
 		bwChunks:    5,
 
 		connPingSizes:   []int{8, 64, 512, 4 * kiB, 16 * kiB, 64 * kiB, 256 * kiB, miB, 4 * miB, 16 * miB},
@@ -249,6 +251,7 @@ func quickPlan() plan {
 		blockSizes:  []int{8, 4 * kiB, 64 * kiB},
 		streamSizes: []int{64, kiB, 16 * kiB, 64 * kiB, miB},
 		copySizes:   []int{4 * kiB, 64 * kiB, miB, 16 * miB, 256 * miB},
+		pipeSizes:   []int{miB, 16 * miB},
 		bwChunks:    3,
 
 		connPingSizes:   []int{8, 64, 4 * kiB, 64 * kiB, miB},
@@ -265,6 +268,7 @@ func tinyPlan() plan {
 		blockSizes:  []int{8},
 		streamSizes: []int{64, 64 * kiB},
 		copySizes:   []int{4 * kiB, 64 * kiB},
+		pipeSizes:   []int{64 * kiB},
 		bwChunks:    2,
 
 		connPingSizes:   []int{8, 64 * kiB},
