@@ -27,30 +27,30 @@ import (
 // the reader's time on it (from when it could start, the rts sent or the
 // previous done, to its done). Nor does one piece: a cached piece after
 // non-temporal ones finds its buffer in no cache. So the ways are measured
-// in runs: after a change of way the first warmPieces pieces are not
-// counted; the way with the lower cost per byte is used, and every
-// copierRetry the other gets a run of warmPieces+trialPieces.
+// in runs: after a change of way the first warmBytes are not counted; the
+// way with the lower cost per byte is used, and every copierRetry the
+// other gets a run of warmBytes+trialBytes.
 type pieceCopier struct {
 	mu    sync.Mutex
 	rate  [2]float64   // moving average, bytes per ns: [0] copy, [1] non-temporal
 	tried [2]time.Time // when each way's last run began
 	way   int          // the way of the last piece
-	run   int          // pieces in a row in that way
-	trial int          // pieces left in a trial run of the other way
+	run   int          // bytes in a row in that way, before this piece
+	trial int          // bytes left in a trial run of the other way
 }
 
 const (
 	// ntMinPiece: smaller pieces always go through the caches; a reader
 	// takes them at once.
-	ntMinPiece = 256 << 10
-	// warmPieces after a change of way are not counted: the temporary
-	// buffers they cycle through (MaxCopyInFlight / CopyChunk, 4 by
+	ntMinPiece = 32 << 10
+	// warmBytes after a change of way are not counted: the temporary
+	// buffers the pieces cycle through (up to MaxCopyInFlight, 4 MiB by
 	// default) are not yet where that way leaves them.
-	warmPieces  = 6
-	trialPieces = 6
+	warmBytes  = 8 << 20
+	trialBytes = 4 << 20
 	// copierRetry is how often the slower way is measured again: a trial
-	// run of 12 pieces at a third of the speed every 250 ms costs well
-	// under 1%, and a placement change is followed within a second.
+	// run of 12 MiB at a third of the speed every 250 ms costs under 1%,
+	// and a placement change is followed within a second.
 	copierRetry = 250 * time.Millisecond
 )
 
@@ -64,7 +64,7 @@ func (p *pieceCopier) copy(dst, src []byte) (nt bool, d time.Duration) {
 		return false, 0
 	}
 	start := time.Now()
-	nt, count := p.choose(start)
+	nt, count := p.choose(start, len(src))
 	if nt {
 		mem.CopyNT(dst, src)
 	} else {
@@ -76,25 +76,23 @@ func (p *pieceCopier) copy(dst, src []byte) (nt bool, d time.Duration) {
 	return nt, max(time.Since(start), 1)
 }
 
-// choose picks the way for a piece starting at now, and whether its cost
-// counts.
-func (p *pieceCopier) choose(now time.Time) (nt, count bool) {
+// choose picks the way for a piece of n bytes starting at now, and
+// whether its cost counts.
+func (p *pieceCopier) choose(now time.Time, n int) (nt, count bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	way := p.way
 	switch {
 	case p.trial > 0:
-		p.trial--
+		p.trial -= n
 	case p.tried[0].IsZero() || p.tried[1].IsZero():
 		// Measure each way once, cached first.
 		way = 0
 		if !p.tried[0].IsZero() {
 			way = 1
 		}
-		if way != p.way || p.run == 0 {
-			p.tried[way] = now
-			p.trial = warmPieces + trialPieces - 1
-		}
+		p.tried[way] = now
+		p.trial = warmBytes + trialBytes - n
 	default:
 		fast := 0
 		if p.rate[1] > p.rate[0] {
@@ -104,14 +102,15 @@ func (p *pieceCopier) choose(now time.Time) (nt, count bool) {
 		if slow := 1 - fast; now.Sub(p.tried[slow]) >= copierRetry {
 			way = slow
 			p.tried[slow] = now
-			p.trial = warmPieces + trialPieces - 1
+			p.trial = warmBytes + trialBytes - n
 		}
 	}
 	if way != p.way {
 		p.way, p.run = way, 0
 	}
-	p.run++
-	return way == 1, p.run > warmPieces
+	count = p.run >= warmBytes
+	p.run += n
+	return way == 1, count
 }
 
 // record folds the cost d of a piece of n bytes into its way's average.

@@ -9,7 +9,7 @@ import (
 )
 
 // TestPieceCopierChoice drives the copier's choice with made-up costs: it
-// measures both ways in runs whose first warmPieces are not counted, uses
+// measures both ways in runs whose first warmBytes are not counted, uses
 // the faster, tries the other again every copierRetry, and follows a change
 // of which is faster.
 func TestPieceCopierChoice(t *testing.T) {
@@ -17,19 +17,20 @@ func TestPieceCopierChoice(t *testing.T) {
 	now := time.Unix(1000, 0)
 	const step = 100 * time.Microsecond // one piece
 	ntFaster := true
+	const size = 1 << 20
 	piece := func() bool {
-		nt, count := p.choose(now)
+		nt, count := p.choose(now, size)
 		if count {
 			d := 300 * time.Microsecond // the slow way
 			if nt == ntFaster {
 				d = 100 * time.Microsecond
 			}
-			p.record(nt, 1<<20, d)
+			p.record(nt, size, d)
 		}
 		now = now.Add(step)
 		return nt
 	}
-	run := warmPieces + trialPieces
+	run := (warmBytes + trialBytes) / size
 	for i := range 2 * run {
 		if got, want := piece(), i >= run; got != want {
 			t.Fatalf("piece %d: non-temporal %v, want %v (cached run, then non-temporal run)", i, got, want)
