@@ -196,6 +196,10 @@ func style(s *series, i int) (draw.LineStyle, draw.GlyphStyle) {
 		if strings.Contains(s.name, "unpinned") {
 			ls.Color = color.Gray{0xa8}
 		}
+		if s.transport == "pipeline/best" {
+			ls.Color = color.Gray{0x30}
+			ls.Dashes = []vg.Length{vg.Points(8), vg.Points(2), vg.Points(2), vg.Points(2)}
+		}
 	}
 	return ls, gs
 }
