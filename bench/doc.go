@@ -9,7 +9,8 @@
 // to 16 MiB: sockets/busy, sockets/block and sockets/forcetcp against unix, tcp,
 // pipe and cloudwego/shmipc-go; memory per idle connection), floor
 // (cache-line and futex round trips between two processes, single-core
-// copy() bandwidth), pin (the registration cache), rdma (the emulated
+// copy() bandwidth, the two-core pipeline that bounds any cross-core
+// stream), pin (the registration cache), rdma (the emulated
 // NIC's perftest cases) and ring (shm ring ping-pong in busy-poll and block
 // mode, one-way streaming). When the two numbers of a target ratio were
 // both measured, the ratio is printed with PASS or MISS; so are goals on
@@ -53,7 +54,8 @@
 //
 // Metrics: lat_min_ns, lat_p50_ns, lat_p99_ns, lat_p999_ns, bw_gbps (the
 // median chunk), bw_min_gbps, bw_max_gbps, rate_mps, mem_bytes.
-// Transports: cacheline, futex, futex/unpinned, futexcond/unpinned, memcpy, ring/busy,
+// Transports: cacheline, futex, futex/unpinned, futexcond/unpinned, memcpy,
+// pipeline/cached, pipeline/nt, pipeline/best, ring/busy,
 // ring/block, nic/shm, nic/cma, cma/raw, pin/…, unix, tcp, pipe,
 // sockets/busy, sockets/block, sockets/forcetcp (until 2026-11 this row was
 // sockets/tcp, a tcp address that the dialer routed over shared memory),
