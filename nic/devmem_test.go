@@ -2,7 +2,10 @@ package nic
 
 import (
 	"bytes"
+	"errors"
 	"testing"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // TestDeviceMemoryFastCopies sends between buffers in device memory (the
@@ -95,5 +98,48 @@ func TestReceiveIntoFreedDeviceMemory(t *testing.T) {
 	}
 	if b.qp.State() != QPError {
 		t.Fatalf("queue pair %v after a local access error", b.qp.State())
+	}
+}
+
+// TestInlineSendFromVanishedBuffer posts an inline send whose buffer was
+// unmapped: PostSend returns, the send completes with a local access error
+// (though unsignaled: failures always complete), the queue pair is in the
+// error state, the process lives on, and the peer receives nothing.
+func TestInlineSendFromVanishedBuffer(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	rbuf := alloc(t, b.d, 4096)
+	rmr := register(t, b.d, rbuf, AccessLocalWrite)
+	if err := b.qp.PostRecv(RecvWR{ID: 7, Buf: rbuf, LKey: rmr.LKey}); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := sys.MapAnon(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sys.Munmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(SendWR{ID: 3, Op: OpSend, Local: mem[:64], Unsignaled: true}); err != nil {
+		t.Fatalf("PostSend: %v (a fault completes, it is not a post error)", err)
+	}
+	if c := wait(t, a.scq); c.Status != StatusLocalAccess || c.ID != 3 {
+		t.Fatalf("send from an unmapped buffer: %+v", c)
+	}
+	if a.qp.State() != QPError {
+		t.Fatalf("queue pair %v after a local access error", a.qp.State())
+	}
+	if err := a.qp.PostSend(SendWR{ID: 4, Op: OpSend, Local: []byte("after")}); !errors.Is(err, ErrQPState) {
+		t.Fatalf("PostSend on the failed queue pair: %v, want ErrQPState", err)
+	}
+	// The reserved record went out as a no-op, before the failure
+	// completed: the peer's poll skips it and completes nothing; its
+	// receive ends with the connection.
+	var cs [1]Completion
+	if n := b.rcq.Poll(cs[:]); n != 0 {
+		t.Fatalf("the peer completed %+v for a send that faulted", cs[0])
+	}
+	a.qp.Close()
+	if c := wait(t, b.rcq); c.Status == StatusSuccess || c.ID != 7 {
+		t.Fatalf("the peer's receive after the sender closed: %+v", c)
 	}
 }

@@ -187,22 +187,20 @@ func (qp *QueuePair) postInline(wr *SendWR) error {
 	}
 	buf, err := qp.out.Reserve(n, pastDeadline)
 	if err != nil {
-		qp.sqMu.Unlock()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
+			qp.sqMu.Unlock()
 			return qp.postSend(wr) // the ring is full: RNR, in the engine
 		}
-		return qp.completeInline(wr, StatusFlushed, err)
+		return qp.failInlineLocked(wr, StatusFlushed, err)
 	}
 	if plain {
 		copy(buf, wr.Local)
 	} else if err := safeCopy(buf, wr.Local); err != nil {
 		qp.out.Commit(tagNop, 0) // gives the reservation back; the peer skips it
-		qp.sqMu.Unlock()
-		return qp.completeInline(wr, StatusLocalAccess, err)
+		return qp.failInlineLocked(wr, StatusLocalAccess, err)
 	}
 	if err := qp.out.Commit(tagSend, n); err != nil {
-		qp.sqMu.Unlock()
-		return qp.completeInline(wr, StatusFlushed, err)
+		return qp.failInlineLocked(wr, StatusFlushed, err)
 	}
 	ss := &qp.sstats
 	ss.InlineExecs++
@@ -215,10 +213,10 @@ func (qp *QueuePair) postInline(wr *SendWR) error {
 	return nil
 }
 
-// completeInline completes a failed inline send: the queue pair goes to
-// the error state, the failure is on the send CQ, the queue flushed.
-func (qp *QueuePair) completeInline(wr *SendWR, st Status, reason error) error {
-	qp.sqMu.Lock()
+// failInlineLocked completes a failed inline send — the queue pair goes to
+// the error state, the failure is on the send CQ before any later request's
+// completion, the queue is flushed — and unlocks sqMu.
+func (qp *QueuePair) failInlineLocked(wr *SendWR, st Status, reason error) error {
 	qp.sstats.InlineExecs++
 	failed := qp.finishSend(wr, 0, st, reason)
 	qp.sqMu.Unlock()
