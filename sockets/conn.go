@@ -82,6 +82,7 @@ type session struct {
 	peerBell    uint64
 	peerBellKey uint64
 	maxPayload  int // largest payload of one message to the peer
+	maxInline   int // messages of at most this many bytes are sent inline, unsignaled
 
 	// Credits (see docs/protocol.md). All counts wrap at 2^32 and are
 	// compared by unsigned differences.

@@ -31,6 +31,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	c.window = uint32(cfg.Window)
 	c.peerWindow = 1
 	c.offerRead = !cfg.NoRDMARead && d.nic.Attr().RDMARead
+	c.maxInline = d.nic.Attr().MaxInline
 	fail := func(err error) (*Conn, error) {
 		c.mu.Lock()
 		c.tearing = true

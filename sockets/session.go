@@ -18,7 +18,10 @@ const (
 	wrRead  uint64 = 3 << 56
 	wrWrite uint64 = 4 << 56
 	wrBell  uint64 = 5 << 56
-	wrKind  uint64 = 0xff << 56
+	// An inline send, unsignaled: its buffer is free when PostSend
+	// returns; only a failure completes.
+	wrSendInline uint64 = 6 << 56
+	wrKind       uint64 = 0xff << 56
 )
 
 var (
@@ -261,10 +264,22 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	h.SetLen(uint32(len(payload)))
 	copy(buf, h[:])
 	n := headerSize + copy(buf[headerSize:], payload)
-	if err := c.qp.PostSend(nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: buf[:n], LKey: c.sendMR.LKey}); err != nil {
+	wr := nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: buf[:n], LKey: c.sendMR.LKey}
+	// A message the nic copies at post time needs no completion: the
+	// buffer is free again at once (verbs' inline, unsignaled sends). A
+	// completion per message — queued, woken for, dequeued under the
+	// CQ's lock — was an eighth of a small round trip's software.
+	inline := n <= c.maxInline
+	if inline {
+		wr.ID, wr.Unsignaled = wrSendInline|uint64(i), true
+	}
+	if err := c.qp.PostSend(wr); err != nil {
 		c.sendFree = append(c.sendFree, i)
 		c.qpFailedLocked(err)
 		return c.writableLocked()
+	}
+	if inline {
+		c.sendFree = append(c.sendFree, i)
 	}
 	c.sent++
 	if h.Type() != msgCredit {
@@ -382,6 +397,9 @@ func (c *Conn) dispatchLocked(comp *nic.Completion) {
 			c.interesting = true
 			c.qpFailedLocked(comp.Err())
 		}
+	case wrSendInline: // only a failure completes; the buffer is back already
+		c.interesting = true
+		c.qpFailedLocked(comp.Err())
 	case wrRead, wrWrite:
 		c.interesting = true
 		c.onRDMALocked(comp)
