@@ -328,24 +328,26 @@ func (d *Device) Free(buf []byte) error {
 	return ms.seg.Close()
 }
 
-// owns tells whether mr is a live region in device memory. Such memory is
-// unmapped only by Free, which refuses while a region uses it and then
-// waits out every queue pair's locks, or by Close, once every queue pair
-// is closed: a copy to or from it under a queue pair's lock cannot fault,
-// and needs none of safeCopy's protection (about 15 ns on a small copy).
-// devMem tells whether buf lies in the live region lkey of this device's
-// own memory (Alloc): copies from it need no fault protection.
+// devMem tells whether buf lies in the live region lkey, and that region
+// is stable (see owns): copies from it need no fault protection.
 func (d *Device) devMem(lkey uint32, buf []byte) bool {
 	i := int(lkey) - 1
 	if i < 0 || i >= len(d.regs) {
 		return false
 	}
 	mr := d.regs[i].Load()
-	return mr != nil && mr.seg != noSegment && mem.Within(buf, mr.buf)
+	return mr != nil && mr.stable && mem.Within(buf, mr.buf)
 }
 
+// owns tells whether mr is a live region in stable memory: device memory,
+// which is unmapped only by Free, which refuses while a region uses it and
+// then waits out every queue pair's locks, or by Close, once every queue
+// pair is closed; or memory registered with AccessStable, which its owner
+// keeps mapped while registered. A copy to or from it under a queue
+// pair's lock cannot fault, and needs none of safeCopy's protection
+// (about 17 ns on a small copy).
 func (d *Device) owns(mr *MemoryRegion) bool {
-	return mr != nil && mr.seg != noSegment && d.regs[mr.idx].Load() == mr
+	return mr != nil && mr.stable && d.regs[mr.idx].Load() == mr
 }
 
 // segmentOf returns the memory segment that holds all of buf, or nil.

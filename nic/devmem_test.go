@@ -71,6 +71,22 @@ func TestFreeRequiresDeregister(t *testing.T) {
 	if d.owns(register(t, d, make([]byte, 64), 0)) {
 		t.Fatal("Go memory is trusted as device memory")
 	}
+	// Memory its owner promises to keep mapped is trusted while
+	// registered, and only then.
+	goBuf := make([]byte, 64)
+	stable := register(t, d, goBuf, AccessStable)
+	if !d.owns(stable) || !d.devMem(stable.LKey, goBuf[8:16]) {
+		t.Fatal("memory registered with AccessStable gets fault protection")
+	}
+	if d.devMem(stable.LKey, make([]byte, 8)) {
+		t.Fatal("a buffer outside the stable region is trusted")
+	}
+	if err := d.Deregister(stable); err != nil {
+		t.Fatal(err)
+	}
+	if d.owns(stable) || d.devMem(stable.LKey, goBuf) {
+		t.Fatal("a deregistered stable region is still trusted")
+	}
 }
 
 // TestReceiveIntoFreedDeviceMemory posts a receive into device memory,

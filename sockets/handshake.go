@@ -44,10 +44,13 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	send := make([]byte, S*B)
 	c.bell = make([]byte, 8)
 	var err error
-	if c.recvMR, err = d.register(c.owner, recv, nic.AccessLocalWrite); err != nil {
+	// The control buffers are Go memory this connection keeps referenced
+	// while they are registered: stable, so the nic copies messages to and
+	// from them without fault protection (17 ns a copy, twice a message).
+	if c.recvMR, err = d.register(c.owner, recv, nic.AccessLocalWrite|nic.AccessStable); err != nil {
 		return fail(err)
 	}
-	if c.sendMR, err = d.register(c.owner, send, 0); err != nil {
+	if c.sendMR, err = d.register(c.owner, send, nic.AccessStable); err != nil {
 		return fail(err)
 	}
 	if c.bellMR, err = d.register(c.owner, c.bell, nic.AccessRemoteWrite); err != nil {
