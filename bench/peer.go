@@ -333,7 +333,9 @@ var preempted atomic.Int64
 
 // pinned runs f on a locked OS thread restricted to cpu (cpu < 0: not
 // restricted, but still locked), and counts how often that thread was
-// preempted meanwhile.
+// preempted meanwhile. Calls nest (the rdma suite's interleaved ring
+// rounds run inside its pinned thread): the outermost counts for all, and
+// flushPreemptions hands what it counted so far to the next Report.
 func pinned(cpu int, f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -344,13 +346,58 @@ func pinned(cpu int, f func() error) error {
 		}
 		defer restore()
 	}
-	before, err := sys.ThreadPreemptions()
-	defer func() {
-		if after, err2 := sys.ThreadPreemptions(); err == nil && err2 == nil {
-			preempted.Add(after - before)
+	tid := sys.Gettid()
+	pinCounts.Lock()
+	c := pinCounts.m[tid]
+	outer := c == nil
+	if outer {
+		c = new(pinCount)
+		if pinCounts.m == nil {
+			pinCounts.m = map[int]*pinCount{}
 		}
+		pinCounts.m[tid] = c
+	}
+	pinCounts.Unlock()
+	if !outer {
+		return f()
+	}
+	var err error
+	c.last, err = sys.ThreadPreemptions()
+	c.ok = err == nil
+	defer func() {
+		flushPreemptions()
+		pinCounts.Lock()
+		delete(pinCounts.m, tid)
+		pinCounts.Unlock()
 	}()
 	return f()
+}
+
+// pinCount is what the outermost pinned of a thread has counted up to.
+type pinCount struct {
+	last int64 // the thread's preemptions when last flushed
+	ok   bool  // they can be read
+}
+
+var pinCounts struct {
+	sync.Mutex
+	m map[int]*pinCount // by thread id
+}
+
+// flushPreemptions adds the calling thread's preemptions since the last
+// flush to those the next Report takes, if the thread runs in pinned.
+func flushPreemptions() {
+	tid := sys.Gettid()
+	pinCounts.Lock()
+	c := pinCounts.m[tid]
+	pinCounts.Unlock()
+	if c == nil || !c.ok {
+		return
+	}
+	if now, err := sys.ThreadPreemptions(); err == nil {
+		preempted.Add(now - c.last)
+		c.last = now
+	}
 }
 
 // ---- child side ----

@@ -371,7 +371,10 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem string, latSizes, bwSizes []int) (recs []Record, err error) {
 	transport := "nic/" + mem
 	smp := newSampler(env.plan.latMax)
+	// This runs in one pinned call for the whole suite: each row takes
+	// the preemptions counted since the row before.
 	report := func(cas string, size int, lat *Latency) {
+		flushPreemptions()
 		recs = append(recs, env.Report(Result{Case: cas, Transport: transport, Size: size, Lat: lat})...)
 	}
 	src := make([]byte, bwSizes[len(bwSizes)-1])
@@ -407,6 +410,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 				}
 			}
 			report("send_lat", size, summarize(smp.result()))
+			flushPreemptions()
 			recs = append(recs, env.Report(Result{Case: "send_lat", Transport: "ring/busy", Size: size, Lat: summarize(rsmp.result())})...)
 		}
 	}
@@ -474,6 +478,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 			if err != nil {
 				return recs, err
 			}
+			flushPreemptions()
 			recs = append(recs, env.Report(bwResult(op.String()[5:]+"_bw", transport, size, bw))...)
 		}
 	}
@@ -490,6 +495,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 				if write {
 					cas = "write_bw"
 				}
+				flushPreemptions()
 				recs = append(recs, env.Report(bwResult(cas, "cma/raw", size, bw))...)
 			}
 		}
@@ -510,6 +516,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 			if err != nil {
 				return recs, err
 			}
+			flushPreemptions()
 			recs = append(recs, env.Report(bwResult("send_bw", transport, size, bw))...)
 		}
 	}
