@@ -401,3 +401,13 @@ func TestPlansMeasureTargets(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineReaderUnpinnable: when the pipeline's reader thread cannot
+// be pinned (a CPU that does not exist), the writer stops instead of
+// waiting for it forever, and nothing is reported.
+func TestPipelineReaderUnpinnable(t *testing.T) {
+	env := &Env{plan: tinyPlan(), cpus: [2]int{0, 1 << 20}}
+	if bw := pipelineRun(env, 64<<10, false); bw.P50 != 0 {
+		t.Fatalf("a pipeline without its reader measured %+v", bw)
+	}
+}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"runtime"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -52,8 +51,10 @@ func measurePipeline(ctx context.Context, env *Env, sizes []int) []Record {
 				best = r
 			}
 		}
-		best.Transport = "pipeline/best"
-		out = append(out, env.Report(best)...)
+		if best.BW > 0 { // neither way measured: no best either
+			best.Transport = "pipeline/best"
+			out = append(out, env.Report(best)...)
+		}
 	}
 	debug.FreeOSMemory()
 	return out
@@ -70,10 +71,11 @@ func pipelineRun(env *Env, size int, nt bool) bwSpread {
 	slots := make([]byte, pipeSlots*pipePiece)
 	clear(slots)
 	var produced, consumed atomic.Int64 // pieces
-	var stop atomic.Bool
+	var stop, readerGone atomic.Bool
 	done := make(chan struct{})
 	go func() { // the reader
 		defer close(done)
+		defer readerGone.Store(true) // also when it could not be pinned
 		pinned(env.cpus[1], func() error {
 			for i := int64(0); ; i++ {
 				for produced.Load() <= i {
@@ -91,10 +93,14 @@ func pipelineRun(env *Env, size int, nt bool) bwSpread {
 	var bws []float64
 	pinned(env.cpus[0], func() error {
 		i := int64(0)
-		write := func(msgs int) {
+		// write streams msgs messages; false when the reader is gone.
+		write := func(msgs int) bool {
 			for range msgs {
 				for p := 0; p < (size+pipePiece-1)/pipePiece; p++ {
 					for i-consumed.Load() >= pipeSlots {
+						if readerGone.Load() {
+							return false
+						}
 					}
 					off := int(i%pipeSlots) * pipePiece
 					at, n := pieceOf(i, size)
@@ -108,14 +114,23 @@ func pipelineRun(env *Env, size int, nt bool) bwSpread {
 				}
 			}
 			for consumed.Load() < i {
+				if readerGone.Load() {
+					return false
+				}
 			}
+			return true
 		}
 		msgs := max(1, (64<<20)/size) // a batch: 64 MiB
-		write(msgs)                   // warm-up
+		if !write(msgs) {             // warm-up
+			return nil
+		}
 		start := time.Now()
 		for len(bws) < 3 || time.Since(start) < env.plan.bwTime {
 			t0 := time.Now()
-			write(msgs)
+			if !write(msgs) {
+				bws = nil // the reader could not run: nothing to report
+				return nil
+			}
 			gbps, _ := throughput(size, int64(msgs), time.Since(t0))
 			bws = append(bws, gbps)
 		}
@@ -123,7 +138,6 @@ func pipelineRun(env *Env, size int, nt bool) bwSpread {
 	})
 	stop.Store(true)
 	<-done
-	runtime.KeepAlive(slots)
 	return spreadOf(bws)
 }
 

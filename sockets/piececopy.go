@@ -130,10 +130,3 @@ func (p *pieceCopier) record(nt bool, n int, d time.Duration) {
 	}
 	p.mu.Unlock()
 }
-
-// rates returns the averages (bytes per ns) of the two ways.
-func (p *pieceCopier) rates() (cached, nt float64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.rate[0], p.rate[1]
-}

@@ -106,3 +106,10 @@ func TestCopiedPiecesBothWays(t *testing.T) {
 		t.Fatalf("copied %d bytes, %d non-temporal: want both ways used", st.BytesCopied, st.BytesCopiedNT)
 	}
 }
+
+// rates returns the copier's averages (bytes per ns) of the two ways.
+func (p *pieceCopier) rates() (cached, nt float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rate[0], p.rate[1]
+}
