@@ -384,31 +384,33 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 // newQP maps the queue pair segment and the peer's registration table
 // (taking ownership of both fds) and attaches to the rings.
 func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, tableFd, capacity int) (*QueuePair, error) {
-	tseg, err := shm.OpenSegmentReadOnly(tableFd, kindRegTable, regEntriesStart)
+	tseg, err := importSegment(tableFd, kindRegTable, regEntriesStart, true)
 	if err != nil {
 		sys.Close(qpFd)
 		return nil, fmt.Errorf("%w: peer registration table: %v", ErrProtocol, err)
 	}
 	if !tseg.WritesSealed() {
 		// Anyone else holding the fd could rewrite the keys we check.
-		tseg.Close()
+		releaseImport(tseg)
 		sys.Close(qpFd)
 		return nil, fmt.Errorf("%w: peer registration table not sealed against writes", ErrProtocol)
 	}
 	table, err := validateTable(tseg)
 	if err != nil {
 		sys.Close(qpFd)
-		tseg.Close()
+		releaseImport(tseg)
 		return nil, err
 	}
 	seg, err := shm.OpenSegment(qpFd, kindQP, qpSegmentSize(capacity))
 	if err != nil {
-		tseg.Close()
+		releaseImport(tseg)
 		return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
 	}
+	// The queue pair's memory is never passed on: the mapping is enough.
+	seg.DropFd()
 	fail := func(err error) (*QueuePair, error) {
 		seg.Close()
-		tseg.Close()
+		releaseImport(tseg)
 		return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
 	}
 	mem := seg.Bytes()
@@ -521,14 +523,14 @@ func (qp *QueuePair) readConn() {
 			break
 		}
 		idx := binary.LittleEndian.Uint32(buf[4:])
-		seg, err := shm.OpenSegment(fds[0], kindMemory, memDataOff+1)
+		seg, err := importSegment(fds[0], kindMemory, memDataOff+1, false)
 		if err != nil {
 			reason = fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, idx, err)
 			break
 		}
 		qp.peer.segMu.Lock()
 		if qp.peer.segs == nil || qp.peer.segs[idx] != nil {
-			seg.Close() // closing, or announced twice
+			releaseImport(seg) // closing, or announced twice
 		} else {
 			qp.peer.segs[idx] = seg
 			close(qp.peer.segChanged)

@@ -821,10 +821,10 @@ func (qp *QueuePair) Close() error {
 		qp.rqMu.Unlock()
 		qp.sqMu.Unlock()
 		qp.seg.Close()
-		qp.peer.tableSeg.Close()
+		releaseImport(qp.peer.tableSeg)
 		qp.peer.segMu.Lock()
 		for _, s := range qp.peer.segs {
-			s.Close()
+			releaseImport(s)
 		}
 		qp.peer.segs = nil
 		qp.peer.segMu.Unlock()

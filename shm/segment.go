@@ -26,9 +26,11 @@ const requiredSeals = sys.SealShrink | sys.SealGrow | sys.SealSeal
 // Its methods are safe for concurrent use; the memory it maps is shared with
 // the peer and untrusted (see the package comment).
 type Segment struct {
-	fd   int
-	mem  []byte
-	kind uint32
+	fd    int // -1 once DropFd closed it
+	mem   []byte
+	kind  uint32
+	seals int    // as read when the segment was created or opened
+	id    FileID // the memfd's identity
 
 	closeOnce sync.Once
 	closeErr  error
@@ -80,7 +82,11 @@ func createSegment(name string, kind uint32, size int, extraSeals int) (*Segment
 	binary.LittleEndian.PutUint32(mem[segKindOff:], kind)
 	binary.LittleEndian.PutUint64(mem[segSizeOff:], uint64(size))
 	binary.LittleEndian.PutUint32(mem[segPidOff:], uint32(os.Getpid()))
-	return &Segment{fd: fd, mem: mem, kind: kind}, nil
+	s := &Segment{fd: fd, mem: mem, kind: kind, seals: requiredSeals | extraSeals}
+	if st, err := sys.Fstat(fd); err == nil {
+		s.id = FileID{Dev: st.Dev, Ino: st.Ino}
+	}
+	return s, nil
 }
 
 // OpenSegment maps a segment received from a peer. It takes ownership of fd:
@@ -147,23 +153,58 @@ func openSegment(fd int, kind uint32, wantMin int, readOnly bool) (*Segment, err
 		sys.Munmap(mem)
 		return nil, err
 	}
-	return &Segment{fd: fd, mem: mem, kind: kind}, nil
+	return &Segment{fd: fd, mem: mem, kind: kind, seals: seals, id: FileID{Dev: st.Dev, Ino: st.Ino}}, nil
+}
+
+// FileID names the file behind a segment: two fds, in this process or
+// received from different peers, that refer to one memfd have the same
+// FileID, and no other file has it while either is open or mapped.
+type FileID struct{ Dev, Ino uint64 }
+
+// FileIDOf returns the identity of the file fd refers to.
+func FileIDOf(fd int) (FileID, error) {
+	st, err := sys.Fstat(fd)
+	if err != nil {
+		return FileID{}, fmt.Errorf("shm: fstat: %w", err)
+	}
+	return FileID{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
+// ID returns the identity of the segment's file.
+func (s *Segment) ID() FileID { return s.id }
+
+// DropFd closes the segment's fd and keeps the mapping, for a segment
+// this side will never pass on: the mapping alone keeps the memory, and a
+// process with many connections runs out of fds long before it runs out
+// of mappings. Fd returns -1 afterwards; Close still unmaps.
+// It must not run concurrently with Close or Fd.
+func (s *Segment) DropFd() error {
+	if s.fd < 0 {
+		return nil
+	}
+	err := sys.Close(s.fd)
+	s.fd = -1
+	if err != nil {
+		return fmt.Errorf("shm: close segment fd: %w", err)
+	}
+	return nil
 }
 
 // Bytes returns the whole mapping, header included.
 func (s *Segment) Bytes() []byte { return s.mem }
 
 // WritesSealed tells whether no new writable mapping of the segment can be
-// made (CreateReadOnlySegment, or F_SEAL_WRITE).
+// made (CreateReadOnlySegment, or F_SEAL_WRITE). The seals are those read
+// when the segment was opened: F_SEAL_SEAL, which every segment has, makes
+// them final.
 func (s *Segment) WritesSealed() bool {
-	seals, err := sys.GetSeals(s.fd)
-	return err == nil && seals&(sys.SealFutureWrite|sys.SealWrite) != 0
+	return s.seals&(sys.SealFutureWrite|sys.SealWrite) != 0
 }
 
 // Size returns the mapping's length in bytes.
 func (s *Segment) Size() int { return len(s.mem) }
 
-// Fd returns the memfd. It stays owned by the segment.
+// Fd returns the memfd, or -1 after DropFd. It stays owned by the segment.
 func (s *Segment) Fd() int { return s.fd }
 
 // Kind returns the segment's layout kind.
@@ -183,7 +224,10 @@ func (s *Segment) Region(off, size int) ([]byte, error) {
 func (s *Segment) Close() error {
 	s.closeOnce.Do(func() {
 		err1 := sys.Munmap(s.mem)
-		err2 := sys.Close(s.fd)
+		var err2 error
+		if s.fd >= 0 {
+			err2 = sys.Close(s.fd)
+		}
 		s.mem = nil
 		if err1 != nil {
 			s.closeErr = fmt.Errorf("shm: unmap segment: %w", err1)
@@ -199,6 +243,9 @@ func (s *Segment) Close() error {
 func SendSegments(c *net.UnixConn, msg []byte, segs ...*Segment) error {
 	fds := make([]int, len(segs))
 	for i, s := range segs {
+		if s.fd < 0 {
+			return fmt.Errorf("shm: send segments: segment %d has no fd (DropFd)", i)
+		}
 		fds[i] = s.fd
 	}
 	if err := sys.SendFds(c, msg, fds...); err != nil {
@@ -224,6 +271,9 @@ func CloseFds(fds []int) { sys.CloseAll(fds) }
 // File returns a duplicate of the segment's fd as an *os.File, for handing
 // to a child process (exec.Cmd.ExtraFiles). The caller closes it.
 func (s *Segment) File() (*os.File, error) {
+	if s.fd < 0 {
+		return nil, fmt.Errorf("shm: segment has no fd (DropFd)")
+	}
 	fd, err := sys.Dup(s.fd)
 	if err != nil {
 		return nil, fmt.Errorf("shm: dup segment fd: %w", err)

@@ -49,6 +49,8 @@ type FileInfo struct {
 	Size    int64
 	Regular bool
 	UID     uint32
+	Dev     uint64 // with Ino, which file this is: two fds of one
+	Ino     uint64 // memfd have the same pair
 }
 
 // Fstat describes fd.
@@ -57,7 +59,7 @@ func Fstat(fd int) (FileInfo, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return FileInfo{}, err
 	}
-	return FileInfo{Size: st.Size, Regular: st.Mode&unix.S_IFMT == unix.S_IFREG, UID: st.Uid}, nil
+	return FileInfo{Size: st.Size, Regular: st.Mode&unix.S_IFMT == unix.S_IFREG, UID: st.Uid, Dev: st.Dev, Ino: st.Ino}, nil
 }
 
 // MapShared maps length bytes of fd read-write and MAP_SHARED. With populate
