@@ -59,14 +59,13 @@ type session struct {
 	comps       [16]nic.Completion
 
 	// The control-message pool: window receive buffers and sendBufs send
-	// buffers of bufSize bytes each, registered as two regions.
+	// buffers of bufSize bytes each, in a slab of the device's
+	// (ctlpool.go); the peer may write the device's doorbell, bellMR.
 	bufSize  int
-	recvMR   *nic.MemoryRegion
+	pool     ctlPool
 	recvBufs [][]byte
-	sendMR   *nic.MemoryRegion
 	sendBufs [][]byte
 	sendFree []int
-	bell     []byte // our doorbell: the peer may write it, we never read it
 	bellMR   *nic.MemoryRegion
 
 	// What the peer announced in its hello.

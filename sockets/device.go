@@ -37,6 +37,7 @@ type device struct {
 	allocated int
 
 	pieces pieceCopier // copies sources into temporary memory
+	ctl    ctlPools    // control-message pools and the doorbell
 }
 
 // Temporary buffers come in power-of-two classes from 64 KiB.
@@ -117,6 +118,7 @@ func (d *device) release() {
 	}
 	d.slabs, d.free = nil, [tempClasses][][]byte{}
 	d.mu.Unlock()
+	d.closePools()
 	d.nic.Close()
 	publishRelease()
 }

@@ -40,26 +40,17 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		return nil, err
 	}
 	B, W, S := cfg.BufferSize, cfg.Window, cfg.SendBuffers
-	recv := make([]byte, W*B)
-	send := make([]byte, S*B)
-	c.bell = make([]byte, 8)
 	var err error
-	// The control buffers are Go memory this connection keeps referenced
-	// while they are registered: stable, so the nic copies messages to and
-	// from them without fault protection (17 ns a copy, twice a message).
-	if c.recvMR, err = d.register(c.owner, recv, nic.AccessLocalWrite|nic.AccessStable); err != nil {
+	if c.pool, err = d.getPool((W + S) * B); err != nil {
 		return fail(err)
 	}
-	if c.sendMR, err = d.register(c.owner, send, nic.AccessStable); err != nil {
+	if c.bellMR, err = d.doorbell(); err != nil {
 		return fail(err)
 	}
-	if c.bellMR, err = d.register(c.owner, c.bell, nic.AccessRemoteWrite); err != nil {
-		return fail(err)
-	}
-	c.stats.count(cRegisters, 3)
+	recv, send := c.pool.buf[:W*B], c.pool.buf[W*B:]
 	for i := 0; i < W; i++ {
 		c.recvBufs = append(c.recvBufs, recv[i*B:(i+1)*B:(i+1)*B])
-		if err := qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.recvMR.LKey}); err != nil {
+		if err := qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.pool.mr.LKey}); err != nil {
 			return fail(fmt.Errorf("sockets: post receive: %w", err))
 		}
 		c.posted++

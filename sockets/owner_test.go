@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-// A connection's cached registrations go with it (seed 000): its control
-// buffers and the application buffers it pinned for a zero-copy send and
-// a direct read are unpinned once it is torn down, while the device lives
-// on for other connections.
+// A connection's cached registrations go with it (seed 000): the
+// application buffers it pinned for a zero-copy send and a direct read are
+// unpinned once it is torn down, and so is the control-pool slab it alone
+// used, while the device lives on for other connections.
 func TestCloseFlushesRegistrations(t *testing.T) {
 	cfg := &Config{ZeroCopy: ZeroCopyAlways}
 	keepC, _ := pipe(t, cfg, cfg) // holds the device open

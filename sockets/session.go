@@ -202,7 +202,7 @@ func (c *Conn) repostLocked() {
 		if c.qpDead || c.torn {
 			break
 		}
-		if err := c.qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.recvMR.LKey}); err != nil {
+		if err := c.qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.pool.mr.LKey}); err != nil {
 			c.qpFailedLocked(err)
 			break
 		}
@@ -264,7 +264,7 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	h.SetLen(uint32(len(payload)))
 	copy(buf, h[:])
 	n := headerSize + copy(buf[headerSize:], payload)
-	wr := nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: buf[:n], LKey: c.sendMR.LKey}
+	wr := nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: buf[:n], LKey: c.pool.mr.LKey}
 	// A message the nic copies at post time needs no completion: the
 	// buffer is free again at once (verbs' inline, unsignaled sends). A
 	// completion per message — queued, woken for, dequeued under the
@@ -726,12 +726,10 @@ func (c *Conn) teardown() {
 			keep = append(keep, c.stage)
 			c.stage, c.staged = nil, nil
 		}
-		dereg(&c.bellMR)
-		dereg(&c.sendMR)
-		dereg(&c.recvMR)
 		// Seed 000: the connection's cached registrations go with it —
-		// its control buffers, and the application buffers it pinned for
-		// zero-copy sends and direct reads.
+		// the application buffers it pinned for zero-copy sends and
+		// direct reads. (Its control buffers are the device's, given
+		// back below once the queue pair is closed.)
 		d.nic.Flush(c.owner)
 		c.wakeLocked()
 		abortSent := c.abortSent
@@ -742,6 +740,8 @@ func (c *Conn) teardown() {
 			c.awaitHangup(abortGrace)
 		}
 		c.qp.Close()
+		d.putPool(c.pool)
+		c.pool = ctlPool{}
 		for _, b := range keep {
 			d.putTemp(b)
 		}

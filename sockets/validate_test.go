@@ -41,7 +41,7 @@ func rawPost(sc *Conn, msg []byte) error {
 	i := sc.sendFree[len(sc.sendFree)-1]
 	sc.sendFree = sc.sendFree[:len(sc.sendFree)-1]
 	n := copy(sc.sendBufs[i], msg)
-	if err := sc.qp.PostSend(nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: sc.sendBufs[i][:n], LKey: sc.sendMR.LKey}); err != nil {
+	if err := sc.qp.PostSend(nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: sc.sendBufs[i][:n], LKey: sc.pool.mr.LKey}); err != nil {
 		return err
 	}
 	sc.sent++
@@ -201,7 +201,7 @@ var attacks = []attack{
 			h.SetFlags(flagRead)
 			h.SetSize(1 << 20)
 			h.SetID(bad.nextTx)
-			h.SetAddr(uint64(bad.recvMR.Addr)) // ours, but not exposed
+			h.SetAddr(uint64(bad.pool.mr.Addr)) // ours, but not exposed
 			h.SetRKey(bad.bellMR.RKey)         // a real key of another region
 		}), []byte("inline"))
 	}},
@@ -243,7 +243,7 @@ var attacks = []attack{
 			}
 			return nil, rawSendErr(bad, hdr(msgCTS, func(h *header) {
 				h.SetSize(64 << 10)
-				h.SetAddr(uint64(bad.sendMR.Addr))
+				h.SetAddr(uint64(bad.pool.mr.Addr))
 				h.SetRKey(0xdead << 24)
 			}), nil)
 		}},
@@ -364,8 +364,8 @@ func TestGracefulEOF(t *testing.T) {
 	s.Close()
 	waitTorn(t, c)
 	waitTorn(t, s)
-	if cs := c.(*Conn); cs.recvMR != nil || cs.sendMR != nil || cs.bellMR != nil {
-		t.Fatal("registrations left after teardown")
+	if cs := c.(*Conn); cs.pool.buf != nil {
+		t.Fatal("control pool not given back after teardown")
 	}
 }
 
