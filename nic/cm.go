@@ -28,7 +28,8 @@ const (
 	cmFlagRead   = 1 << 0
 	cmFlagReject = 1 << 31
 
-	cmSegAdd  = 1
+	cmSegAdd  = 1 // a memory segment, with its fd
+	cmSegDeny = 2 // a memory segment not shared with this peer, no fd
 	cmMsgSize = 8
 )
 
@@ -494,16 +495,27 @@ func (d *Device) start(qp *QueuePair) {
 	}
 }
 
-// announceSegment sends one of our memory segments to the peer.
+// announceSegment sends one of our memory segments to the peer, or, to a
+// peer of another uid than the segment's, its number alone: the peer then
+// fails RDMA on it at once instead of waiting for the segment.
 func (qp *QueuePair) announceSegment(ms *memSegment) {
 	var msg [cmMsgSize]byte
-	binary.LittleEndian.PutUint32(msg[0:], cmSegAdd)
 	binary.LittleEndian.PutUint32(msg[4:], ms.idx)
 	qp.connMu.Lock()
 	defer qp.connMu.Unlock()
 	// A failure means the connection is gone; the reader reports that.
+	if qp.peer.uid != ms.uid {
+		binary.LittleEndian.PutUint32(msg[0:], cmSegDeny)
+		sys.SendFds(qp.conn, msg[:])
+		return
+	}
+	binary.LittleEndian.PutUint32(msg[0:], cmSegAdd)
 	sys.SendFds(qp.conn, msg[:], ms.seg.Fd())
 }
+
+// deniedSegment stands in a queue pair's segment map for a peer segment
+// not shared with us.
+var deniedSegment = new(shm.Segment)
 
 // readConn serves the connection socket until it hangs up, then fails the
 // queue pair: the peer closed it or died.
@@ -517,16 +529,20 @@ func (qp *QueuePair) readConn() {
 			sys.CloseAll(fds)
 			break
 		}
-		if n != cmMsgSize || binary.LittleEndian.Uint32(buf) != cmSegAdd || len(fds) != 1 {
+		typ := binary.LittleEndian.Uint32(buf)
+		if n != cmMsgSize || !(typ == cmSegAdd && len(fds) == 1 || typ == cmSegDeny && len(fds) == 0) {
 			sys.CloseAll(fds)
-			reason = fmt.Errorf("%w: control message of %d bytes with %d fds", ErrProtocol, n, len(fds))
+			reason = fmt.Errorf("%w: control message of %d bytes, type %d, with %d fds", ErrProtocol, n, typ, len(fds))
 			break
 		}
 		idx := binary.LittleEndian.Uint32(buf[4:])
-		seg, err := importSegment(fds[0], kindMemory, memDataOff+1, false)
-		if err != nil {
-			reason = fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, idx, err)
-			break
+		seg := deniedSegment
+		if typ == cmSegAdd {
+			var err error
+			if seg, err = importSegment(fds[0], kindMemory, memDataOff+1, false); err != nil {
+				reason = fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, idx, err)
+				break
+			}
 		}
 		qp.peer.segMu.Lock()
 		if qp.peer.segs == nil || qp.peer.segs[idx] != nil {

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,6 +126,7 @@ type memSegment struct {
 	idx uint32
 	seg *shm.Segment
 	buf []byte
+	uid uint32 // only peers of this uid map it
 }
 
 // Stats counts the work of a queue pair, or of a whole device (the sum
@@ -263,6 +265,17 @@ func (d *Device) Close() error {
 // segment that every connected peer maps, so RDMA on it is a plain copy
 // (the fast path). Free it with Free.
 func (d *Device) Alloc(n int) ([]byte, error) {
+	return d.AllocFor(n, uint32(os.Getuid()))
+}
+
+// AllocFor is Alloc for memory that peers of uid map, and no other: a
+// peer maps device memory whole and reads and writes it as it likes (the
+// registration checks run in the peer), so memory that a peer of another
+// uid, admitted by Config.AllowUIDs, may reach must be memory that only
+// such peers share. Alloc's memory is for peers of our own uid, which
+// could ptrace us anyway. To a peer of any other uid, RDMA on the memory
+// fails with StatusRemoteAccess.
+func (d *Device) AllocFor(n int, uid uint32) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("nic: Alloc of %d bytes", n)
 	}
@@ -277,7 +290,7 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 		seg.Close()
 		return nil, ErrClosed
 	}
-	ms := &memSegment{idx: d.nextSeg, seg: seg, buf: buf}
+	ms := &memSegment{idx: d.nextSeg, seg: seg, buf: buf, uid: uid}
 	d.nextSeg++
 	d.memSegs[ms.idx] = ms
 	qps := make([]*QueuePair, 0, len(d.qps))

@@ -519,7 +519,7 @@ func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
 	p.segMu.Lock()
 	seg := p.segs[idx]
 	p.segMu.Unlock()
-	if seg != nil {
+	if seg != nil && seg != deniedSegment {
 		return seg, nil
 	}
 	return p.awaitSegment(idx)
@@ -532,6 +532,9 @@ func (p *peerInfo) awaitSegment(idx uint32) (*shm.Segment, error) {
 		p.segMu.Lock()
 		seg, changed := p.segs[idx], p.segChanged
 		p.segMu.Unlock()
+		if seg == deniedSegment {
+			return nil, fmt.Errorf("peer memory segment %d is not shared with our uid", idx)
+		}
 		if seg != nil {
 			return seg, nil
 		}
