@@ -21,6 +21,7 @@ import (
 var benchConfigs = map[string]*Config{
 	"busy":     {Wait: shm.WaitConfig{Mode: shm.WaitBusyPoll}},
 	"block":    {Wait: shm.WaitConfig{Mode: shm.WaitBlock}},
+	"sleep":    {Wait: shm.WaitConfig{Mode: shm.WaitBlock}, ReplyWait: -1},
 	"adaptive": nil,
 	"copy":     {ZeroCopy: ZeroCopyNever, CopyChunk: 4 << 20, MaxCopyInFlight: 16 << 20},
 	"zerocopy": {ZeroCopy: ZeroCopyAlways},

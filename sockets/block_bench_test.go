@@ -49,6 +49,7 @@ func BenchmarkBlockLayers(b *testing.B) {
 	na, nb := nicPair(b, &ncfg)
 
 	c, s := pipe(b, benchConfigs["block"], benchConfigs["block"])
+	zc, zs := pipe(b, benchConfigs["sleep"], benchConfigs["sleep"])
 
 	type layer struct {
 		name       string
@@ -138,6 +139,20 @@ func BenchmarkBlockLayers(b *testing.B) {
 				return err
 			}
 			_, err := s.Write(ein)
+			return err
+		}},
+		// A connection that sleeps at once (Config.ReplyWait negative).
+		{"sleep", func() error {
+			if _, err := zc.Write(msg); err != nil {
+				return err
+			}
+			_, err := io.ReadFull(zc, in)
+			return err
+		}, func() error {
+			if _, err := io.ReadFull(zs, ein); err != nil {
+				return err
+			}
+			_, err := zs.Write(ein)
 			return err
 		}},
 	}

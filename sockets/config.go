@@ -98,6 +98,14 @@ type Config struct {
 	// Wait says how a blocked call waits for the peer: busy polling,
 	// blocking on a futex, or spinning then blocking (default).
 	Wait shm.WaitConfig
+	// ReplyWait: in block mode, a call that is about to sleep right after
+	// this side sent a message first looks for the answer this long. An
+	// answer inside it costs no sleep and no wake-up (5-50 µs here); the
+	// look costs what a protocol that wakes its peer on every message
+	// spends in that system call when the peer is awake (a shared futex
+	// wake with nobody waiting: 0.6 µs here), and nothing at all while no
+	// message goes out. Default 1 µs; negative: sleep at once.
+	ReplyWait time.Duration
 	// ForceTCP makes "tcp" dials use plain TCP even to this host.
 	ForceTCP bool
 	// Linger bounds how long a closed connection keeps delivering what it
@@ -126,6 +134,7 @@ func DefaultConfig() Config {
 		DirectRead:       64 << 10,
 		MaxRegions:       4096,
 		Wait:             shm.DefaultWaitConfig(),
+		ReplyWait:        time.Microsecond,
 		Linger:           30 * time.Second,
 		HandshakeTimeout: 10 * time.Second,
 	}
@@ -169,6 +178,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Linger == 0 {
 		c.Linger = d.Linger
+	}
+	if c.ReplyWait == 0 {
+		c.ReplyWait = d.ReplyWait
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout

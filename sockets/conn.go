@@ -67,6 +67,7 @@ type session struct {
 	sendBufs [][]byte
 	sendFree []int
 	bellMR   *nic.MemoryRegion
+	replyDue atomic.Bool // a message went out since the poller last slept
 
 	// What the peer announced in its hello.
 	helloDone   bool

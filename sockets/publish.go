@@ -87,4 +87,6 @@ func snapshotStats(emit func(group, name string, v uint64)) {
 	e("resets", c.Resets)
 	e("doorbells", c.Doorbells)
 	e("registers", c.Registers)
+	e("sleeps", c.Sleeps)
+	e("replies_caught", c.RepliesCaught)
 }

@@ -121,6 +121,12 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 		return n, nil
 	}
 	mode := c.cfg.Wait.Mode
+	if mode == shm.WaitBlock && c.cfg.ReplyWait > 0 && c.replyDue.Swap(false) {
+		if n := c.awaitReply(comps, dl, k); n != 0 {
+			c.stats.count(cRepliesCaught, 1)
+			return n, nil
+		}
+	}
 	if mode != shm.WaitBlock {
 		var spinEnd time.Time
 		if mode == shm.WaitAdaptive {
@@ -155,6 +161,7 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	var n int
 	var err error
 	if c.kick.Load() == k && !(dl != nil && dl.expired.Load()) {
+		c.stats.count(cSleeps, 1)
 		n, err = c.cq.Wait(comps, t)
 	}
 	c.mu.Lock()
@@ -171,6 +178,25 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+// awaitReply polls for Config.ReplyWait, in block mode, after this side
+// sent a message: the answer to it may be on its way, and finding it costs
+// less than a sleep and a wake-up. It returns how many completions it
+// took, 0 if none came (or the wait was kicked or its deadline passed).
+func (c *Conn) awaitReply(comps []nic.Completion, dl *deadline, k uint32) int {
+	end := time.Now().Add(c.cfg.ReplyWait)
+	for i := 1; ; i++ {
+		if n := c.cq.Poll(comps); n > 0 {
+			return n
+		}
+		// A poll is ~25 ns: look at the clock every eighth.
+		if i%8 == 0 {
+			if c.kick.Load() != k || dl != nil && dl.expired.Load() || time.Now().After(end) {
+				return 0
+			}
+		}
+	}
 }
 
 // napCQ polls with growing naps instead of sleeping in
@@ -281,6 +307,7 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	if inline {
 		c.sendFree = append(c.sendFree, i)
 	}
+	c.replyDue.Store(true)
 	c.sent++
 	if h.Type() != msgCredit {
 		c.lastNonCredit = c.sent

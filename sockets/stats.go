@@ -42,6 +42,8 @@ type Counters struct {
 	Resets        uint64 // connections the peer reset or lost
 	Doorbells     uint64 // self wake-ups of a sleeping poller
 	Registers     uint64 // nic registrations made
+	Sleeps        uint64 // times a poller slept on the completion queue
+	RepliesCaught uint64 // block mode: waits whose answer came within Config.ReplyWait
 }
 
 type counter int
@@ -74,6 +76,8 @@ const (
 	cResets
 	cDoorbells
 	cRegisters
+	cSleeps
+	cRepliesCaught
 	nCounters
 )
 
@@ -143,5 +147,6 @@ func (s *stats) snapshot() Counters {
 		MsgsSent: v(cMsgsSent), MsgsReceived: v(cMsgsReceived), CreditMsgs: v(cCreditMsgs),
 		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
 		Aborts: v(cAborts), Resets: v(cResets), Doorbells: v(cDoorbells), Registers: v(cRegisters),
+		Sleeps: v(cSleeps), RepliesCaught: v(cRepliesCaught),
 	}
 }
