@@ -178,6 +178,24 @@ func (d *device) doorbell() (*nic.MemoryRegion, error) {
 	return mr, nil
 }
 
+// ctlHeld returns the bytes of control memory the device holds registered:
+// its slabs, used or kept, and the doorbell's page.
+func (d *device) ctlHeld() uint64 {
+	p := &d.ctl
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n uint64
+	for _, cl := range p.classes {
+		for _, s := range cl.slabs {
+			n += uint64(len(s.mem))
+		}
+	}
+	if p.bellMR != nil {
+		n += uint64(sys.PageSize)
+	}
+	return n
+}
+
 // closePools releases every slab and the doorbell; the device's
 // connections are all gone.
 func (d *device) closePools() {
