@@ -1,6 +1,7 @@
 package sockets
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -767,8 +768,20 @@ func (c *Conn) teardown() {
 			c.awaitHangup(abortGrace)
 		}
 		c.qp.Close()
-		d.putPool(c.pool)
+		// Messages received and not read yet sit in the pool, which goes
+		// back to its slab (to be reused, or unmapped): what a Read may
+		// still deliver moves to the heap first. Readers hold mu.
+		c.mu.Lock()
+		for i := c.rxHead; i < len(c.rx); i++ {
+			if d := c.rx[i].data; len(d) > 0 {
+				c.rx[i].data = bytes.Clone(d)
+			}
+		}
+		c.recvBufs, c.sendBufs, c.sendFree = nil, nil, nil
+		pool := c.pool
 		c.pool = ctlPool{}
+		c.mu.Unlock()
+		d.putPool(pool)
 		for _, b := range keep {
 			d.putTemp(b)
 		}

@@ -126,6 +126,24 @@ func expectVictimAbort(t *testing.T, victim net.Conn, reason string) {
 
 // expectOffenderReset is expectAbort's check of the offender.
 func expectOffenderReset(offender net.Conn) error {
+	if sc, ok := offender.(*Conn); ok {
+		// Drive the connection without a Read until it fails: a Read
+		// would answer an rts of the victim's with a cts of its own, a
+		// second violation that can reach the victim before the one
+		// under test has failed its RDMA operation.
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+			sc.mu.Lock()
+			failed, gen := sc.err != nil || sc.qpDead, sc.rounds
+			sc.mu.Unlock()
+			if failed {
+				break
+			}
+			dl := makeDeadline()
+			dl.set(time.Now().Add(10 * time.Millisecond))
+			sc.progress(gen, &dl, false)
+			dl.set(time.Time{})
+		}
+	}
 	offender.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, 1<<20)
 	var err error
