@@ -28,13 +28,13 @@ func init() {
 	targets = append(targets,
 		target{"pin uncached 1MiB p50 / cached 1MiB p50",
 			recordKey{"pin", "register", "pin/uncached", miB, metricLatP50},
-			recordKey{"pin", "register", "pin/cached", miB, metricLatP50}, 100, false},
+			recordKey{"pin", "register", "pin/cached", miB, metricLatP50}, 100, false, nil},
 		target{"pin ebpf hit 4KiB p50 / owned hit 4KiB p50",
 			recordKey{"pin", "hit", "pin/ebpf", 4 * kiB, metricLatP50},
-			recordKey{"pin", "hit", "pin/owned", 4 * kiB, metricLatP50}, 1.1, true},
+			recordKey{"pin", "hit", "pin/owned", 4 * kiB, metricLatP50}, 1.1, true, nil},
 		target{"munmap 64KiB with probes p50 / without p50",
 			recordKey{"pin", "munmap", "munmap/ebpf", 64 * kiB, metricLatP50},
-			recordKey{"pin", "munmap", "munmap/plain", 64 * kiB, metricLatP50}, 1.1, true})
+			recordKey{"pin", "munmap", "munmap/plain", 64 * kiB, metricLatP50}, 1.1, true, nil})
 }
 
 func pinSizes(env *Env) []int {

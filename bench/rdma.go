@@ -60,16 +60,16 @@ func init() {
 	targets = append(targets,
 		target{"nic send_lat 8B p50 / busy ring 8B p50 (interleaved)",
 			recordKey{"rdma", "send_lat", "nic/shm", refSize, metricLatP50},
-			recordKey{"rdma", "send_lat", "ring/busy", refSize, metricLatP50}, 1.5, true})
+			recordKey{"rdma", "send_lat", "ring/busy", refSize, metricLatP50}, 1.5, true, nil})
 	for _, size := range rdmaTargetSizes {
 		for _, cas := range []string{"write_bw", "read_bw"} {
 			targets = append(targets,
 				target{fmt.Sprintf("nic/shm %s %s / memcpy %s", cas, fsize(size), fsize(size)),
 					recordKey{"rdma", cas, "nic/shm", size, metricBW},
-					recordKey{"floor", "copy", "memcpy", size, metricBW}, 0.8, false},
+					recordKey{"floor", "copy", "memcpy", size, metricBW}, 0.8, false, nil},
 				target{fmt.Sprintf("nic/cma %s %s / raw cma %s", cas, fsize(size), fsize(size)),
 					recordKey{"rdma", cas, "nic/cma", size, metricBW},
-					recordKey{"rdma", cas, "cma/raw", size, metricBW}, 0.8, false})
+					recordKey{"rdma", cas, "cma/raw", size, metricBW}, 0.8, false, nil})
 		}
 	}
 }
