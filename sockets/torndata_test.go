@@ -31,18 +31,8 @@ func TestReadAfterTeardown(t *testing.T) {
 	}
 	s.Close()
 	// Drive c, without a Read, until the reset has torn it down.
-	sc := c.(*Conn)
-	for {
-		sc.mu.Lock()
-		failed, gen := sc.err != nil, sc.rounds
-		sc.mu.Unlock()
-		if failed {
-			break
-		}
-		dl := makeDeadline()
-		dl.set(time.Now().Add(10 * time.Millisecond))
-		sc.progress(gen, &dl, false)
-		dl.set(time.Time{})
+	if !driveUntilFailed(c.(*Conn), 10*time.Second) {
+		t.Fatal("no reset after 10 s")
 	}
 	waitTorn(t, c)
 	// New connections take the pools given back and write through them.

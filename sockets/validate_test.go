@@ -127,22 +127,11 @@ func expectVictimAbort(t *testing.T, victim net.Conn, reason string) {
 // expectOffenderReset is expectAbort's check of the offender.
 func expectOffenderReset(offender net.Conn) error {
 	if sc, ok := offender.(*Conn); ok {
-		// Drive the connection without a Read until it fails: a Read
-		// would answer an rts of the victim's with a cts of its own, a
-		// second violation that can reach the victim before the one
-		// under test has failed its RDMA operation.
-		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
-			sc.mu.Lock()
-			failed, gen := sc.err != nil || sc.qpDead, sc.rounds
-			sc.mu.Unlock()
-			if failed {
-				break
-			}
-			dl := makeDeadline()
-			dl.set(time.Now().Add(10 * time.Millisecond))
-			sc.progress(gen, &dl, false)
-			dl.set(time.Time{})
-		}
+		// Without a Read until it fails: a Read would answer an rts of
+		// the victim's with a cts of its own, a second violation that
+		// can reach the victim before the one under test has failed its
+		// RDMA operation.
+		driveUntilFailed(sc, 10*time.Second)
 	}
 	offender.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, 1<<20)
@@ -154,6 +143,24 @@ func expectOffenderReset(offender net.Conn) error {
 		return fmt.Errorf("offender: %v, want a reset", err)
 	}
 	return nil
+}
+
+// driveUntilFailed runs sc's progress, without reading, until the
+// connection has failed or within has passed; it tells which.
+func driveUntilFailed(sc *Conn, within time.Duration) bool {
+	for end := time.Now().Add(within); time.Now().Before(end); {
+		sc.mu.Lock()
+		failed, gen := sc.err != nil || sc.qpDead, sc.rounds
+		sc.mu.Unlock()
+		if failed {
+			return true
+		}
+		dl := makeDeadline()
+		dl.set(time.Now().Add(10 * time.Millisecond))
+		sc.progress(gen, &dl, false)
+		dl.set(time.Time{})
+	}
+	return false
 }
 
 // attack is a lie of a peer that speaks the protocol: victim, if set, is
