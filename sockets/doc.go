@@ -36,8 +36,11 @@
 // There is no background goroutine per connection: the goroutines that
 // call Read, Write and Close drive the connection's completion queue
 // themselves, one at a time, and wait as Config.Wait says (busy polling,
-// futex sleep, or spin then sleep). A closed connection lingers in a
-// goroutine of its own until the peer has taken what it wrote.
+// futex sleep, or spin then sleep). In block mode a wait that follows a
+// send of ours first looks for the answer for Config.ReplyWait (1 µs),
+// about what a wake-up system call would cost: a quick answer then costs
+// no sleep and no wake-up. A closed connection lingers in a goroutine of
+// its own until the peer has taken what it wrote.
 //
 // # Concurrency
 //
