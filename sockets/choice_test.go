@@ -2,7 +2,7 @@ package sockets
 
 import (
 	"bytes"
-	"io"
+	"runtime"
 	"testing"
 )
 
@@ -19,8 +19,18 @@ func TestSourceChoiceLearnsReuse(t *testing.T) {
 	var want bytes.Buffer
 	got := make(chan []byte, 1)
 	go func() {
-		b, _ := io.ReadAll(s)
-		got <- b
+		// Whole-transfer reads: the choice also follows the peer's read
+		// sizes (TestSourceChoiceFollowsReads).
+		var all []byte
+		buf := make([]byte, size)
+		for {
+			n, err := s.Read(buf)
+			all = append(all, buf[:n]...)
+			if err != nil {
+				break
+			}
+		}
+		got <- all
 	}()
 	write := func(b []byte) {
 		t.Helper()
@@ -29,8 +39,12 @@ func TestSourceChoiceLearnsReuse(t *testing.T) {
 		}
 		want.Write(b)
 	}
+	// A new buffer each time, all kept alive: a freed one's address could
+	// come back for the next, which then looks like the same buffer.
+	var fresh [][]byte
 	for i := range 3 {
-		write(bytes.Repeat([]byte{byte(i + 1)}, size)) // a new buffer each time
+		fresh = append(fresh, bytes.Repeat([]byte{byte(i + 1)}, size))
+		write(fresh[i])
 	}
 	st := c.(*Conn).Stats()
 	if st.CopyNewBuffer != 3 || st.CopyChosen != 3 || st.ZeroChosen != 0 {
@@ -46,11 +60,69 @@ func TestSourceChoiceLearnsReuse(t *testing.T) {
 	if st.CopyNewBuffer != 4 || st.ZeroChosen != 3 {
 		t.Fatalf("one buffer written four times: %d copied as new, %d zero-copy; want 4, 3", st.CopyNewBuffer, st.ZeroChosen)
 	}
+	runtime.KeepAlive(fresh)
 	if !c.(*Conn).dev.nic.Cached(reused) {
 		t.Fatal("the reused buffer is not cached")
 	}
 	c.(*Conn).CloseWrite()
 	if b := <-got; !bytes.Equal(b, want.Bytes()) {
 		t.Fatalf("received %d bytes, want %d, or they differ", len(b), want.Len())
+	}
+}
+
+// The source choice follows how the peer reads: a reader that reads in
+// pieces smaller than its DirectRead takes a zero-copy source through its
+// staging buffer anyway, and says so in its done (flagStaged, version 2);
+// the writer then copies, so that its writes return early, and goes back
+// to zero copy once the reader takes whole transfers into its own buffer.
+func TestSourceChoiceFollowsReads(t *testing.T) {
+	cfg := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, MaxCopyInFlight: 8 << 20}
+	c, s := pipe(t, cfg, cfg)
+	const size = 1 << 20
+	src := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+	exchange := func(readSize int) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Write(src)
+			done <- err
+		}()
+		got := make([]byte, 0, size)
+		buf := make([]byte, readSize)
+		for len(got) < size {
+			n, err := s.Read(buf[:min(readSize, size-len(got))])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, buf[:n]...)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, src) {
+			t.Fatal("data differs")
+		}
+	}
+	st := func() Counters { return c.(*Conn).Stats() }
+	// Large reads: the reused buffer goes zero-copy from its second write.
+	for range 3 {
+		exchange(size)
+	}
+	if a := st(); a.ZeroChosen != 2 || a.CopyPeerStages != 0 {
+		t.Fatalf("large reads: %d zero-copy, %d copied for staging peer; want 2, 0", a.ZeroChosen, a.CopyPeerStages)
+	}
+	// Small reads: the first write learns it, the next ones copy.
+	for range 3 {
+		exchange(16 << 10)
+	}
+	if a := st(); a.ZeroChosen != 3 || a.CopyPeerStages != 2 {
+		t.Fatalf("small reads: %d zero-copy, %d copied for staging peer; want 3, 2", a.ZeroChosen, a.CopyPeerStages)
+	}
+	// Large reads again: one copied write learns it, then zero copy.
+	for range 3 {
+		exchange(size)
+	}
+	if a := st(); a.ZeroChosen != 5 || a.CopyPeerStages != 3 {
+		t.Fatalf("large reads again: %d zero-copy, %d copied for staging peer; want 5, 3", a.ZeroChosen, a.CopyPeerStages)
 	}
 }

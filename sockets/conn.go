@@ -77,6 +77,7 @@ type session struct {
 	peerWindow  uint32 // receive buffers the peer granted us
 	peerBufSize int
 	peerRead    bool // the peer performs RDMA Reads: use the read rendezvous
+	peerStages  bool // the peer's last done said it read through staging
 	offerRead   bool // we do: accept read rendezvous
 	peerMaxXfer int
 	peerBell    uint64
@@ -136,6 +137,7 @@ type rxEntry struct {
 	id         uint32
 	size, off  uint32 // rendezvous bytes, and how many were taken
 	read       bool   // read rendezvous
+	staged     bool   // some of it came through the staging buffer
 	addr, rkey uint64 // the source (read rendezvous)
 }
 
@@ -181,6 +183,7 @@ type txfer struct {
 // ctlMsg is a control message waiting for a credit.
 type ctlMsg struct {
 	typ           msgType
+	flags         uint8
 	id, size, off uint32
 	addr, rkey    uint64
 }

@@ -73,6 +73,11 @@ const (
 	// flagRead on an rts: read rendezvous; addr and rkey name the source,
 	// registered for remote read. Without it: write rendezvous.
 	flagRead = 1 << 0
+	// flagStaged on a done of a read rendezvous (version 2): the receiver
+	// took some of the transfer through its staging buffer — its Reads
+	// are smaller than its DirectRead — so a source registered in place
+	// would not reach the application's buffer in one copy.
+	flagStaged = 1 << 1
 )
 
 // hello payload:
@@ -101,7 +106,7 @@ const (
 // Protocol versions this implementation speaks.
 const (
 	protoMinVersion = 1
-	protoMaxVersion = 1
+	protoMaxVersion = 2 // 2: done may carry flagStaged
 )
 
 // header is a control message's fixed-size header. Its accessors read
@@ -197,7 +202,7 @@ func parseMessage(b []byte) (h header, payload []byte, err error) {
 			return h, nil, fmt.Errorf("cts descriptor wraps the address space")
 		}
 	case msgDone:
-		if n != 0 || h.Flags() != 0 || h.Size() == 0 {
+		if n != 0 || h.Flags()&^flagStaged != 0 || h.Size() == 0 {
 			return h, nil, fmt.Errorf("done with payload, flags or no size")
 		}
 		err = zero("addr/rkey", h.Addr(), h.RKey())

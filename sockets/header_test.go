@@ -83,6 +83,12 @@ func TestParseMessage(t *testing.T) {
 	bad("rts write with key", v[2], func(b []byte) []byte { binary.LittleEndian.PutUint64(b[offRKey:], 5); return b })
 	bad("cts flags", v[4], func(b []byte) []byte { b[offFlags] = 1; return b })
 	bad("done zero", v[5], func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offSize:], 0); return b })
+	bad("done unknown flag", v[5], func(b []byte) []byte { b[offFlags] = 0x80; return b })
+	staged := bytes.Clone(v[5])
+	staged[offFlags] = flagStaged
+	if _, _, err := parseMessage(staged); err != nil {
+		t.Errorf("done with flagStaged: %v", err)
+	}
 	bad("credit with id", v[7], func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offID:], 1); return b })
 	bad("hello short", v[0], func(b []byte) []byte {
 		binary.LittleEndian.PutUint32(b[offLen:], helloSize-1)
@@ -109,37 +115,42 @@ func TestHelloAndVersions(t *testing.T) {
 			t.Errorf("negotiate(%v, %v) = %d, %v", tc.a, tc.b, v, ok)
 		}
 	}
-	// End to end: a dialer that speaks only version 2 is refused.
+	// End to end: a dialer that speaks only version 3 is refused.
 	ln, err := Listen("sandirect", testAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cfg := Config{versions: [2]uint16{2, 2}}
+	cfg := Config{versions: [2]uint16{3, 3}}
 	d := Dialer{Config: &cfg}
 	if c, err := d.Dial("sandirect", ln.Addr().String()); !errors.Is(err, ErrVersion) {
 		if c != nil {
 			c.Close()
 		}
-		t.Fatalf("dial with version 2: %v, want ErrVersion", err)
+		t.Fatalf("dial with version 3: %v, want ErrVersion", err)
 	}
-	// One that also speaks 1 gets 1.
-	cfg.versions = [2]uint16{1, 2}
-	go func() {
-		if c, err := ln.Accept(); err == nil {
-			defer c.Close()
-			c.Read(make([]byte, 1))
+	// One that speaks only 1 gets 1; one that speaks 1 to 3, 2.
+	for _, tc := range []struct {
+		versions [2]uint16
+		want     uint16
+	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 3}, 2}} {
+		cfg.versions = tc.versions
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				defer c.Close()
+				c.Read(make([]byte, 1))
+			}
+		}()
+		c, err := d.Dial("sandirect", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	c, err := d.Dial("sandirect", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
+		if v := c.(*Conn).version; v != tc.want {
+			t.Fatalf("versions %v: version %d, want %d", tc.versions, v, tc.want)
+		}
+		c.Close()
+		waitTorn(t, c)
 	}
-	if v := c.(*Conn).version; v != 1 {
-		t.Fatalf("version %d", v)
-	}
-	c.Close()
-	waitTorn(t, c)
 }
 
 func FuzzParseMessage(f *testing.F) {

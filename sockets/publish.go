@@ -74,6 +74,7 @@ func snapshotStats(emit func(group, name string, v uint64)) {
 	e("copy_chosen", c.CopyChosen)
 	e("zero_chosen", c.ZeroChosen)
 	e("copy_new_buffer", c.CopyNewBuffer)
+	e("copy_peer_stages", c.CopyPeerStages)
 	e("fallbacks", c.Fallbacks)
 	e("rdma_reads", c.RDMAReads)
 	e("rdma_writes", c.RDMAWrites)

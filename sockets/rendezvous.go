@@ -103,6 +103,13 @@ func (c *Conn) chooseCopyLocked(body []byte) bool {
 		// The peer is behind: a copy would not let the write return
 		// early, it would wait for the peer all the same.
 		return false
+	case c.peerStages:
+		// The peer reads in pieces smaller than its DirectRead: our
+		// buffer would reach the application through its staging buffer
+		// anyway, not in one copy, and a copy lets the write return
+		// early.
+		c.stats.count(cCopyPeerStages, 1)
+		return true
 	case !c.reused && !c.dev.nic.Cached(body):
 		// A buffer new to the registration cache, and not the previous
 		// write's: pinning it would cost more than copying it (mlock
@@ -212,6 +219,10 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	body := b[inline:]
 	read := c.peerRead
 	size := min(len(body), c.cfg.MaxTransfer, c.peerMaxXfer)
+	// The choice reads what the peer said last (its dones): take what has
+	// arrived. A writer whose copies return at once may not poll
+	// otherwise for as long as it has credits.
+	c.pollNowLocked()
 	copyMode := c.chooseCopyLocked(body[:size])
 	if copyMode {
 		size = min(size, copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight))
@@ -451,6 +462,10 @@ func (c *Conn) onCTSLocked(h *header) {
 // oldest of our read-rendezvous sends.
 func (c *Conn) onDoneLocked(h *header) {
 	if op := &c.rd; op.active && !op.read && !op.done && !op.cancelled {
+		if h.Flags() != 0 {
+			c.abortLocked(protoErr("done of a write rendezvous with flags %#x", h.Flags()))
+			return
+		}
 		if h.ID() != op.id || h.Offset() != op.off || h.Size() != op.n {
 			c.abortLocked(protoErr("done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.off, op.n))
 			return
@@ -467,6 +482,11 @@ func (c *Conn) onDoneLocked(h *header) {
 		c.abortLocked(protoErr("out-of-order done: transfer %d of %d bytes, expected %d of %d", h.ID(), h.Size(), x.id, x.size))
 		return
 	}
+	if h.Flags() != 0 && c.version < 2 {
+		c.abortLocked(protoErr("done with flags %#x in version %d", h.Flags(), c.version))
+		return
+	}
+	c.peerStages = h.Flags()&flagStaged != 0
 	c.txq[0] = nil
 	c.txq = c.txq[1:]
 	if len(c.txq) == 0 {
@@ -647,7 +667,11 @@ func (c *Conn) finishRTSLocked() {
 	e := &c.rx[c.rxHead]
 	if e.read && e.size > 0 {
 		hook(stepBeforeReadDone)
-		c.queueCtlLocked(ctlMsg{typ: msgDone, id: e.id, size: e.size})
+		var flags uint8
+		if e.staged && c.version >= 2 {
+			flags = flagStaged
+		}
+		c.queueCtlLocked(ctlMsg{typ: msgDone, flags: flags, id: e.id, size: e.size})
 	}
 	c.consumeLocked(e.buf, false)
 	c.popRxLocked()
@@ -692,6 +716,7 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 		}
 	}
 	if !direct {
+		e.staged = true
 		if c.stage == nil {
 			if c.stage, err = c.dev.getTemp(int(min(rem, uint32(c.cfg.StagingSize)))); err != nil {
 				return err

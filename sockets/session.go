@@ -114,6 +114,32 @@ func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) err
 	return err
 }
 
+// pollNowLocked takes the completions that are there, if no other call
+// is polling, and dispatches them; it never waits. It releases mu while it
+// polls (the nic may run queued RDMA work then).
+func (c *Conn) pollNowLocked() {
+	if c.polling || c.torn {
+		return
+	}
+	c.polling = true
+	c.mu.Unlock()
+	n := c.cq.Poll(c.comps[:])
+	c.mu.Lock()
+	for i := 0; i < n; i++ {
+		c.dispatchLocked(&c.comps[i])
+		c.comps[i] = nic.Completion{}
+	}
+	if n > 0 {
+		c.pumpLocked()
+	}
+	c.polling = false
+	c.rounds++
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
+}
+
 // pollCQ waits for completions into c.comps. The caller is the poller;
 // k is the kick count it started with: a change ends the wait.
 func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
@@ -335,6 +361,7 @@ func (c *Conn) pumpLocked() {
 		m := c.ctlq[0]
 		var h header
 		h.SetType(m.typ)
+		h.SetFlags(m.flags)
 		h.SetID(m.id)
 		h.SetSize(m.size)
 		h.SetOffset(m.off)

@@ -25,25 +25,26 @@ type Counters struct {
 	BytesStaged          uint64 // rendezvous bytes received through a staging buffer
 	BytesRead            uint64 // bytes returned by Read
 
-	Rendezvous    uint64 // rendezvous started (rts sent)
-	CopyChosen    uint64 // rendezvous whose source was copied into temporary memory
-	ZeroChosen    uint64 // rendezvous whose source was registered in place
-	CopyNewBuffer uint64 // of CopyChosen: the source was new to the registration cache and not the previous write's buffer
-	Fallbacks     uint64 // the chosen source failed for lack of resources; the other was used
-	RDMAReads     uint64
-	RDMAWrites    uint64
-	MsgsSent      uint64
-	MsgsReceived  uint64
-	CreditMsgs    uint64 // explicit credit messages sent
-	CreditStalls  uint64 // times a send waited for credit
-	Cancels       uint64 // write rendezvous cancelled by a deadline
-	ENOBUFS       uint64 // writes that failed with ENOBUFS
-	Aborts        uint64 // connections this side aborted
-	Resets        uint64 // connections the peer reset or lost
-	Doorbells     uint64 // self wake-ups of a sleeping poller
-	Registers     uint64 // nic registrations made
-	Sleeps        uint64 // times a poller slept on the completion queue
-	RepliesCaught uint64 // block mode: waits whose answer came within Config.ReplyWait
+	Rendezvous     uint64 // rendezvous started (rts sent)
+	CopyChosen     uint64 // rendezvous whose source was copied into temporary memory
+	ZeroChosen     uint64 // rendezvous whose source was registered in place
+	CopyNewBuffer  uint64 // of CopyChosen: the source was new to the registration cache and not the previous write's buffer
+	CopyPeerStages uint64 // of CopyChosen: the peer reads through its staging buffer (its reads are small)
+	Fallbacks      uint64 // the chosen source failed for lack of resources; the other was used
+	RDMAReads      uint64
+	RDMAWrites     uint64
+	MsgsSent       uint64
+	MsgsReceived   uint64
+	CreditMsgs     uint64 // explicit credit messages sent
+	CreditStalls   uint64 // times a send waited for credit
+	Cancels        uint64 // write rendezvous cancelled by a deadline
+	ENOBUFS        uint64 // writes that failed with ENOBUFS
+	Aborts         uint64 // connections this side aborted
+	Resets         uint64 // connections the peer reset or lost
+	Doorbells      uint64 // self wake-ups of a sleeping poller
+	Registers      uint64 // nic registrations made
+	Sleeps         uint64 // times a poller slept on the completion queue
+	RepliesCaught  uint64 // block mode: waits whose answer came within Config.ReplyWait
 }
 
 type counter int
@@ -63,6 +64,7 @@ const (
 	cCopyChosen
 	cZeroChosen
 	cCopyNewBuffer
+	cCopyPeerStages
 	cFallbacks
 	cRDMAReads
 	cRDMAWrites
@@ -142,8 +144,8 @@ func (s *stats) snapshot() Counters {
 		BytesZeroCopy: v(cBytesZeroCopy), BytesCopied: v(cBytesCopied), BytesCopiedNT: v(cBytesCopiedNT),
 		BytesDirect: v(cBytesDirect), BytesStaged: v(cBytesStaged), BytesRead: v(cBytesRead),
 		Rendezvous: v(cRendezvous), CopyChosen: v(cCopyChosen), ZeroChosen: v(cZeroChosen),
-		CopyNewBuffer: v(cCopyNewBuffer),
-		Fallbacks:     v(cFallbacks), RDMAReads: v(cRDMAReads), RDMAWrites: v(cRDMAWrites),
+		CopyNewBuffer: v(cCopyNewBuffer), CopyPeerStages: v(cCopyPeerStages),
+		Fallbacks: v(cFallbacks), RDMAReads: v(cRDMAReads), RDMAWrites: v(cRDMAWrites),
 		MsgsSent: v(cMsgsSent), MsgsReceived: v(cMsgsReceived), CreditMsgs: v(cCreditMsgs),
 		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
 		Aborts: v(cAborts), Resets: v(cResets), Doorbells: v(cDoorbells), Registers: v(cRegisters),
