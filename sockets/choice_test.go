@@ -126,3 +126,40 @@ func TestSourceChoiceFollowsReads(t *testing.T) {
 		t.Fatalf("large reads again: %d zero-copy, %d copied for staging peer; want 5, 3", a.ZeroChosen, a.CopyPeerStages)
 	}
 }
+
+// On a version 1 connection the reader never says staged (a version 1
+// peer would take the flag for a violation): small reads, no abort, and
+// the writer keeps to the rest of its rules.
+func TestStagedFlagNeedsVersion2(t *testing.T) {
+	w := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, MaxCopyInFlight: 8 << 20, versions: [2]uint16{1, 1}}
+	c, s := pipe(t, w, nil)
+	if v := c.(*Conn).version; v != 1 {
+		t.Fatalf("version %d, want 1", v)
+	}
+	src := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
+	for range 3 {
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Write(src)
+			done <- err
+		}()
+		got := make([]byte, 0, len(src))
+		buf := make([]byte, 16<<10)
+		for len(got) < len(src) {
+			n, err := s.Read(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, buf[:n]...)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, src) {
+			t.Fatal("data differs")
+		}
+	}
+	if st := c.(*Conn).Stats(); st.CopyPeerStages != 0 || st.ZeroChosen != 2 {
+		t.Fatalf("%d copied for a staging peer, %d zero-copy; want 0 and 2", st.CopyPeerStages, st.ZeroChosen)
+	}
+}
