@@ -2,6 +2,7 @@ package sockets
 
 import (
 	"bytes"
+	"net"
 	"runtime"
 	"testing"
 )
@@ -80,29 +81,7 @@ func TestSourceChoiceFollowsReads(t *testing.T) {
 	c, s := pipe(t, cfg, cfg)
 	const size = 1 << 20
 	src := bytes.Repeat([]byte("0123456789abcdef"), size/16)
-	exchange := func(readSize int) {
-		t.Helper()
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.Write(src)
-			done <- err
-		}()
-		got := make([]byte, 0, size)
-		buf := make([]byte, readSize)
-		for len(got) < size {
-			n, err := s.Read(buf[:min(readSize, size-len(got))])
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, buf[:n]...)
-		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, src) {
-			t.Fatal("data differs")
-		}
-	}
+	exchange := func(readSize int) { t.Helper(); writeAndRead(t, c, s, src, readSize) }
 	st := func() Counters { return c.(*Conn).Stats() }
 	// Large reads: the reused buffer goes zero-copy from its second write.
 	for range 3 {
@@ -138,28 +117,35 @@ func TestStagedFlagNeedsVersion2(t *testing.T) {
 	}
 	src := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
 	for range 3 {
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.Write(src)
-			done <- err
-		}()
-		got := make([]byte, 0, len(src))
-		buf := make([]byte, 16<<10)
-		for len(got) < len(src) {
-			n, err := s.Read(buf)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, buf[:n]...)
-		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, src) {
-			t.Fatal("data differs")
-		}
+		writeAndRead(t, c, s, src, 16<<10)
 	}
 	if st := c.(*Conn).Stats(); st.CopyPeerStages != 0 || st.ZeroChosen != 2 {
 		t.Fatalf("%d copied for a staging peer, %d zero-copy; want 0 and 2", st.CopyPeerStages, st.ZeroChosen)
+	}
+}
+
+// writeAndRead writes src on c while it reads it from s in Reads of at
+// most readSize bytes, and checks every byte.
+func writeAndRead(t *testing.T, c, s net.Conn, src []byte, readSize int) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Write(src)
+		done <- err
+	}()
+	got := make([]byte, 0, len(src))
+	buf := make([]byte, readSize)
+	for len(got) < len(src) {
+		n, err := s.Read(buf[:min(readSize, len(src)-len(got))])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, src) {
+		t.Fatal("data differs")
 	}
 }

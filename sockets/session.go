@@ -90,13 +90,7 @@ func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) err
 			n, err = c.pollCQ(dl, k)
 		}
 		c.mu.Lock()
-		for i := 0; i < n; i++ {
-			c.dispatchLocked(&c.comps[i])
-			c.comps[i] = nic.Completion{}
-		}
-		if n > 0 {
-			c.pumpLocked()
-		}
+		c.dispatchPolledLocked(n)
 		// Completions of our own sends change nothing a caller waits
 		// for, unless it waits for a send buffer: poll on.
 		if c.interesting || c.wantSend || n == 0 || err != nil || c.changed != nil || c.kick.Load() != k {
@@ -104,14 +98,32 @@ func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) err
 		}
 		c.mu.Unlock()
 	}
+	c.endPollLocked()
+	c.mu.Unlock()
+	return err
+}
+
+// dispatchPolledLocked dispatches the first n completions of c.comps, the
+// poller's, and sends what they made due.
+func (c *Conn) dispatchPolledLocked(n int) {
+	for i := 0; i < n; i++ {
+		c.dispatchLocked(&c.comps[i])
+		c.comps[i] = nic.Completion{}
+	}
+	if n > 0 {
+		c.pumpLocked()
+	}
+}
+
+// endPollLocked ends a poller's round and wakes the calls that waited for
+// it.
+func (c *Conn) endPollLocked() {
 	c.polling = false
 	c.rounds++
 	if c.changed != nil {
 		close(c.changed)
 		c.changed = nil
 	}
-	c.mu.Unlock()
-	return err
 }
 
 // pollNowLocked takes the completions that are there, if no other call
@@ -125,19 +137,8 @@ func (c *Conn) pollNowLocked() {
 	c.mu.Unlock()
 	n := c.cq.Poll(c.comps[:])
 	c.mu.Lock()
-	for i := 0; i < n; i++ {
-		c.dispatchLocked(&c.comps[i])
-		c.comps[i] = nic.Completion{}
-	}
-	if n > 0 {
-		c.pumpLocked()
-	}
-	c.polling = false
-	c.rounds++
-	if c.changed != nil {
-		close(c.changed)
-		c.changed = nil
-	}
+	c.dispatchPolledLocked(n)
+	c.endPollLocked()
 }
 
 // pollCQ waits for completions into c.comps. The caller is the poller;
