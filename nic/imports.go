@@ -73,11 +73,7 @@ func importSegment(fd int, kind uint32, wantMin int, readOnly bool) (*shm.Segmen
 	if im := imports.byKey[key]; im != nil {
 		// Mapped by another queue pair while we mapped it: keep one.
 		seg.Close()
-		if im.seg.Size() < wantMin {
-			return nil, fmt.Errorf("%w: segment of %d bytes, want at least %d", shm.ErrBadSegment, im.seg.Size(), wantMin)
-		}
-		im.refs++
-		return im.seg, nil
+		return im.ref(wantMin)
 	}
 	seg.DropFd()
 	if imports.byKey == nil {
@@ -98,11 +94,18 @@ func importHit(key importKey, wantMin int) (*shm.Segment, bool, error) {
 	if im == nil {
 		return nil, false, nil
 	}
+	seg, err := im.ref(wantMin)
+	return seg, true, err
+}
+
+// ref takes a reference to im's mapping for a caller that needs wantMin
+// bytes. The caller holds imports.mu.
+func (im *imported) ref(wantMin int) (*shm.Segment, error) {
 	if im.seg.Size() < wantMin {
-		return nil, true, fmt.Errorf("%w: segment of %d bytes, want at least %d", shm.ErrBadSegment, im.seg.Size(), wantMin)
+		return nil, fmt.Errorf("%w: segment of %d bytes, want at least %d", shm.ErrBadSegment, im.seg.Size(), wantMin)
 	}
 	im.refs++
-	return im.seg, true, nil
+	return im.seg, nil
 }
 
 // releaseImport drops a reference taken by importSegment; the last one

@@ -29,8 +29,7 @@ type Segment struct {
 	fd    int // -1 once DropFd closed it
 	mem   []byte
 	kind  uint32
-	seals int    // as read when the segment was created or opened
-	id    FileID // the memfd's identity
+	seals int // as read when the segment was created or opened
 
 	closeOnce sync.Once
 	closeErr  error
@@ -82,11 +81,7 @@ func createSegment(name string, kind uint32, size int, extraSeals int) (*Segment
 	binary.LittleEndian.PutUint32(mem[segKindOff:], kind)
 	binary.LittleEndian.PutUint64(mem[segSizeOff:], uint64(size))
 	binary.LittleEndian.PutUint32(mem[segPidOff:], uint32(os.Getpid()))
-	s := &Segment{fd: fd, mem: mem, kind: kind, seals: requiredSeals | extraSeals}
-	if st, err := sys.Fstat(fd); err == nil {
-		s.id = FileID{Dev: st.Dev, Ino: st.Ino}
-	}
-	return s, nil
+	return &Segment{fd: fd, mem: mem, kind: kind, seals: requiredSeals | extraSeals}, nil
 }
 
 // OpenSegment maps a segment received from a peer. It takes ownership of fd:
@@ -153,7 +148,7 @@ func openSegment(fd int, kind uint32, wantMin int, readOnly bool) (*Segment, err
 		sys.Munmap(mem)
 		return nil, err
 	}
-	return &Segment{fd: fd, mem: mem, kind: kind, seals: seals, id: FileID{Dev: st.Dev, Ino: st.Ino}}, nil
+	return &Segment{fd: fd, mem: mem, kind: kind, seals: seals}, nil
 }
 
 // FileID names the file behind a segment: two fds, in this process or
@@ -169,9 +164,6 @@ func FileIDOf(fd int) (FileID, error) {
 	}
 	return FileID{Dev: st.Dev, Ino: st.Ino}, nil
 }
-
-// ID returns the identity of the segment's file.
-func (s *Segment) ID() FileID { return s.id }
 
 // DropFd closes the segment's fd and keeps the mapping, for a segment
 // this side will never pass on: the mapping alone keeps the memory, and a

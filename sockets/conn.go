@@ -61,13 +61,14 @@ type session struct {
 	// The control-message pool: window receive buffers and sendBufs send
 	// buffers of bufSize bytes each, in a slab of the device's
 	// (ctlpool.go); the peer may write the device's doorbell, bellMR.
-	bufSize  int
-	pool     ctlPool
-	recvBufs [][]byte
-	sendBufs [][]byte
-	sendFree []int
-	bellMR   *nic.MemoryRegion
-	replyDue atomic.Bool // a message went out since the poller last slept
+	bufSize   int
+	pool      ctlPool
+	recvBufs  [][]byte
+	sendBufs  [][]byte
+	sendFree  []int
+	bellMR    *nic.MemoryRegion
+	replyDue  atomic.Bool // a message went out since the poller last slept
+	replyLook bool        // block mode with a ReplyWait: replyDue is kept
 
 	// What the peer announced in its hello.
 	helloDone   bool

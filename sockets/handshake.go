@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/shm"
 )
 
 // nextOwner numbers connections as owners of cached registrations.
@@ -32,6 +33,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	c.peerWindow = 1
 	c.offerRead = !cfg.NoRDMARead && d.nic.Attr().RDMARead
 	c.maxInline = d.nic.Attr().MaxInline
+	c.replyLook = cfg.Wait.Mode == shm.WaitBlock && cfg.ReplyWait > 0
 	fail := func(err error) (*Conn, error) {
 		c.mu.Lock()
 		c.tearing = true

@@ -149,7 +149,7 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 		return n, nil
 	}
 	mode := c.cfg.Wait.Mode
-	if mode == shm.WaitBlock && c.cfg.ReplyWait > 0 && c.replyDue.Swap(false) {
+	if c.replyLook && c.replyDue.Swap(false) {
 		if n := c.awaitReply(comps, dl, k); n != 0 {
 			c.stats.count(cRepliesCaught, 1)
 			return n, nil
@@ -335,7 +335,9 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	if inline {
 		c.sendFree = append(c.sendFree, i)
 	}
-	c.replyDue.Store(true)
+	if c.replyLook {
+		c.replyDue.Store(true) // a locked instruction: only where it is read
+	}
 	c.sent++
 	if h.Type() != msgCredit {
 		c.lastNonCredit = c.sent
