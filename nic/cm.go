@@ -513,6 +513,11 @@ func (qp *QueuePair) announceSegment(ms *memSegment) {
 	sys.SendFds(qp.conn, msg[:], ms.seg.Fd())
 }
 
+// maxPeerSegments bounds the segments a peer may announce on one queue
+// pair: a SEG_DENY costs the peer 8 bytes and us a map entry, so without
+// a bound a peer could grow our memory at will.
+const maxPeerSegments = 1 << 16
+
 // deniedSegment stands in a queue pair's segment map for a peer segment
 // not shared with us.
 var deniedSegment = new(shm.Segment)
@@ -545,14 +550,19 @@ func (qp *QueuePair) readConn() {
 			}
 		}
 		qp.peer.segMu.Lock()
-		if qp.peer.segs == nil || qp.peer.segs[idx] != nil {
-			releaseImport(seg) // closing, or announced twice
+		full := len(qp.peer.segs) >= maxPeerSegments
+		if qp.peer.segs == nil || qp.peer.segs[idx] != nil || full {
+			releaseImport(seg) // closing, announced twice, or too many
 		} else {
 			qp.peer.segs[idx] = seg
 			close(qp.peer.segChanged)
 			qp.peer.segChanged = make(chan struct{})
 		}
 		qp.peer.segMu.Unlock()
+		if full {
+			reason = fmt.Errorf("%w: more than %d memory segments announced", ErrProtocol, maxPeerSegments)
+			break
+		}
 	}
 	qp.peer.segMu.Lock()
 	if qp.peer.segChanged != nil {

@@ -3,6 +3,7 @@ package nic
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/internal/testutil"
 )
 
@@ -122,5 +124,37 @@ func TestDeviceMemoryScopedByUID(t *testing.T) {
 	}
 	if !bytes.Equal(mine, make([]byte, len(mine))) {
 		t.Error("memory for our own uid was written")
+	}
+}
+
+// TestPeerSegmentAnnouncementsBounded: a peer that announces more memory
+// segments than maxPeerSegments (here with SEG_DENY, 8 bytes apiece) fails
+// its queue pair with a protocol error instead of growing our memory.
+func TestPeerSegmentAnnouncementsBounded(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	var msg [cmMsgSize]byte
+	binary.LittleEndian.PutUint32(msg[0:], cmSegDeny)
+	a.qp.connMu.Lock()
+	for i := range maxPeerSegments + 1 {
+		binary.LittleEndian.PutUint32(msg[4:], uint32(1000+i))
+		if err := sys.SendFds(a.qp.conn, msg[:]); err != nil {
+			a.qp.connMu.Unlock()
+			t.Fatalf("announcement %d: %v", i, err)
+		}
+	}
+	a.qp.connMu.Unlock()
+	select {
+	case <-b.qp.readerDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queue pair still reads announcements after 10 s")
+	}
+	if err := b.qp.Err(); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "memory segments announced") {
+		t.Fatalf("queue pair error %v, want a protocol error about the segments", err)
+	}
+	b.qp.peer.segMu.Lock()
+	n := len(b.qp.peer.segs)
+	b.qp.peer.segMu.Unlock()
+	if n > maxPeerSegments {
+		t.Fatalf("%d segments recorded, want at most %d", n, maxPeerSegments)
 	}
 }
