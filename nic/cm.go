@@ -22,7 +22,8 @@ import (
 
 const (
 	cmMagic      = 0x4d434453 // "SDCM"
-	cmVersion    = 1
+	cmVersion    = 2          // 2: SEG_DEL
+	cmMinVersion = 1
 	cmHelloSize  = 32
 	cmMaxReason  = 200
 	cmFlagRead   = 1 << 0
@@ -30,6 +31,7 @@ const (
 
 	cmSegAdd  = 1 // a memory segment, with its fd
 	cmSegDeny = 2 // a memory segment not shared with this peer, no fd
+	cmSegDel  = 3 // a memory segment freed, no fd (version 2)
 	cmMsgSize = 8
 )
 
@@ -98,15 +100,15 @@ func parseHello(b []byte) (hello, error) {
 // negotiate picks the highest version both sides speak.
 func negotiate(h hello) (uint16, error) {
 	v := min(h.maxVer, cmVersion)
-	if v < max(h.minVer, cmVersion) {
-		return 0, fmt.Errorf("%w: peer speaks versions [%d, %d], we speak [%d, %d]", ErrRefused, h.minVer, h.maxVer, cmVersion, cmVersion)
+	if v < max(h.minVer, cmMinVersion) {
+		return 0, fmt.Errorf("%w: peer speaks versions [%d, %d], we speak [%d, %d]", ErrRefused, h.minVer, h.maxVer, cmMinVersion, cmVersion)
 	}
 	return v, nil
 }
 
 func (d *Device) hello(ringCapacity int) hello {
 	h := hello{
-		minVer:       cmVersion,
+		minVer:       cmMinVersion,
 		maxVer:       cmVersion,
 		maxInline:    uint32(d.attr.MaxInline),
 		maxRegions:   uint32(d.attr.MaxRegions),
@@ -278,8 +280,9 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 	if err == nil && (len(fds) != 2 || h.ringCapacity == 0 || h.flags&cmFlagReject != 0) {
 		err = fmt.Errorf("%w: hello with %d fds, ring capacity %d", ErrProtocol, len(fds), h.ringCapacity)
 	}
+	var ver uint16
 	if err == nil {
-		_, err = negotiate(h)
+		ver, err = negotiate(h)
 	}
 	if err != nil {
 		sys.CloseAll(fds)
@@ -291,7 +294,7 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 		reject(conn, err)
 		return nil, err
 	}
-	qp.peer.pid, qp.peer.uid, qp.peer.attr = pid, uid, h.attr()
+	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version = pid, uid, h.attr(), ver
 	reply := d.hello(0)
 	if err := sys.SendFds(conn, reply.marshal(), d.regSeg.Fd()); err != nil {
 		qp.Close()
@@ -360,8 +363,9 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	if err == nil && len(fds) != 1 {
 		err = fmt.Errorf("%w: reply with %d fds", ErrProtocol, len(fds))
 	}
+	var ver uint16
 	if err == nil {
-		_, err = negotiate(r)
+		ver, err = negotiate(r)
 	}
 	if err != nil {
 		sys.CloseAll(fds)
@@ -376,7 +380,7 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	if err != nil {
 		return nil, err
 	}
-	qp.peer.pid, qp.peer.uid, qp.peer.attr = pid, uid, r.attr()
+	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version = pid, uid, r.attr(), ver
 	conn.SetDeadline(time.Time{})
 	d.start(qp)
 	return qp, nil
@@ -503,6 +507,13 @@ func (qp *QueuePair) announceSegment(ms *memSegment) {
 	binary.LittleEndian.PutUint32(msg[4:], ms.idx)
 	qp.connMu.Lock()
 	defer qp.connMu.Unlock()
+	if ms.freed.Load() {
+		return // Free came first; its retraction found nothing to retract
+	}
+	if qp.announced == nil {
+		qp.announced = map[uint32]struct{}{}
+	}
+	qp.announced[ms.idx] = struct{}{}
 	// A failure means the connection is gone; the reader reports that.
 	if qp.peer.uid != ms.uid {
 		binary.LittleEndian.PutUint32(msg[0:], cmSegDeny)
@@ -513,6 +524,27 @@ func (qp *QueuePair) announceSegment(ms *memSegment) {
 	sys.SendFds(qp.conn, msg[:], ms.seg.Fd())
 }
 
+// retractSegment tells the peer that our memory segment idx is freed, so
+// that it unmaps it (SEG_DEL), if the segment was announced to it: Free
+// marks the segment freed before it retracts it, and announceSegment
+// checks the mark under the same lock, so every announcement is either
+// retracted or never sent. A version 1 peer keeps its mapping until the
+// queue pair closes.
+func (qp *QueuePair) retractSegment(idx uint32) {
+	var msg [cmMsgSize]byte
+	binary.LittleEndian.PutUint32(msg[0:], cmSegDel)
+	binary.LittleEndian.PutUint32(msg[4:], idx)
+	qp.connMu.Lock()
+	defer qp.connMu.Unlock()
+	if _, ok := qp.announced[idx]; !ok {
+		return
+	}
+	delete(qp.announced, idx)
+	if qp.peer.version >= 2 {
+		sys.SendFds(qp.conn, msg[:]) // a failure: the reader reports it
+	}
+}
+
 // maxPeerSegments bounds the segments a peer may announce on one queue
 // pair: a SEG_DENY costs the peer 8 bytes and us a map entry, so without
 // a bound a peer could grow our memory at will.
@@ -521,6 +553,54 @@ const maxPeerSegments = 1 << 16
 // deniedSegment stands in a queue pair's segment map for a peer segment
 // not shared with us.
 var deniedSegment = new(shm.Segment)
+
+// dropPeerSegment forgets the peer's memory segment idx on its SEG_DEL
+// and unmaps it once no copy can be using it: copies to and from peer
+// segments run under sqMu, which the reader must not wait for itself (a
+// copy under it may be waiting for the reader's next announcement).
+func (qp *QueuePair) dropPeerSegment(idx uint32) error {
+	qp.peer.segMu.Lock()
+	if qp.peer.segs == nil {
+		qp.peer.segMu.Unlock()
+		return nil // closing
+	}
+	seg := qp.peer.segs[idx]
+	delete(qp.peer.segs, idx)
+	qp.peer.segMu.Unlock()
+	switch seg {
+	case nil:
+		return fmt.Errorf("%w: SEG_DEL of memory segment %d, never announced", ErrProtocol, idx)
+	case deniedSegment:
+		return nil
+	}
+	qp.retireMu.Lock()
+	if qp.retiring == 0 {
+		qp.retired = make(chan struct{})
+	}
+	qp.retiring++
+	qp.retireMu.Unlock()
+	go func() {
+		qp.sqMu.Lock()
+		qp.sqMu.Unlock()
+		releaseImport(seg)
+		qp.retireMu.Lock()
+		if qp.retiring--; qp.retiring == 0 {
+			close(qp.retired)
+		}
+		qp.retireMu.Unlock()
+	}()
+	return nil
+}
+
+// awaitRetired waits until the peer segments dropped so far are unmapped.
+func (qp *QueuePair) awaitRetired() {
+	qp.retireMu.Lock()
+	n, done := qp.retiring, qp.retired
+	qp.retireMu.Unlock()
+	if n > 0 {
+		<-done
+	}
+}
 
 // readConn serves the connection socket until it hangs up, then fails the
 // queue pair: the peer closed it or died.
@@ -535,12 +615,20 @@ func (qp *QueuePair) readConn() {
 			break
 		}
 		typ := binary.LittleEndian.Uint32(buf)
-		if n != cmMsgSize || !(typ == cmSegAdd && len(fds) == 1 || typ == cmSegDeny && len(fds) == 0) {
+		del := typ == cmSegDel && qp.peer.version >= 2
+		if n != cmMsgSize || !(typ == cmSegAdd && len(fds) == 1 || (typ == cmSegDeny || del) && len(fds) == 0) {
 			sys.CloseAll(fds)
 			reason = fmt.Errorf("%w: control message of %d bytes, type %d, with %d fds", ErrProtocol, n, typ, len(fds))
 			break
 		}
 		idx := binary.LittleEndian.Uint32(buf[4:])
+		if del {
+			if err := qp.dropPeerSegment(idx); err != nil {
+				reason = err
+				break
+			}
+			continue
+		}
 		seg := deniedSegment
 		if typ == cmSegAdd {
 			var err error

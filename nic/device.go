@@ -127,6 +127,10 @@ type memSegment struct {
 	seg *shm.Segment
 	buf []byte
 	uid uint32 // only peers of this uid map it
+
+	// freed is set by Free before it retracts the segment from queue
+	// pairs: an announcement that comes later is not sent.
+	freed atomic.Bool
 }
 
 // Stats counts the work of a queue pair, or of a whole device (the sum
@@ -322,6 +326,7 @@ func (d *Device) Free(buf []byte) error {
 			return fmt.Errorf("nic: Free of device memory that region lkey %#x still uses: deregister it first", mr.LKey)
 		}
 	}
+	ms.freed.Store(true)
 	delete(d.memSegs, ms.idx)
 	qps := make([]*QueuePair, 0, len(d.qps))
 	for qp := range d.qps {
@@ -336,8 +341,12 @@ func (d *Device) Free(buf []byte) error {
 		qp.rqMu.Unlock()
 		qp.sqMu.Unlock()
 	}
-	// Peers keep their mapping until their queue pair closes: their copies
-	// then land in pages nobody else reads, never in our address space.
+	// Peers unmap the segment when its SEG_DEL reaches them (version 2);
+	// until then their copies land in pages nobody else reads, never in
+	// our address space.
+	for _, qp := range qps {
+		qp.retractSegment(ms.idx)
+	}
 	return ms.seg.Close()
 }
 

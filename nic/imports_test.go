@@ -2,9 +2,13 @@ package nic
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/internal/testutil"
 )
 
@@ -97,4 +101,107 @@ func TestPeerSegmentsMappedOnce(t *testing.T) {
 	if err := before.CheckLeaks(); err != nil {
 		t.Error(err)
 	}
+}
+
+// TestFreedSegmentUnmappedByPeer: when a device frees memory, its peer
+// unmaps the segment (SEG_DEL) instead of keeping the mapping until the
+// queue pair closes, so a long connection over which a device allocates
+// and frees memory does not grow its peer's mappings.
+func TestFreedSegmentUnmappedByPeer(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	if a.qp.peer.version != cmVersion || b.qp.peer.version != cmVersion {
+		t.Fatalf("negotiated versions %d and %d, want %d", a.qp.peer.version, b.qp.peer.version, cmVersion)
+	}
+	src := make([]byte, 4096)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	smr := register(t, a.d, src, 0)
+	imported := importedSegments()
+	before := testutil.Snapshot()
+	// writeInto RDMA-Writes src into dst, which waits for dst's segment to
+	// be announced.
+	writeInto := func(dst []byte, mr *MemoryRegion) Completion {
+		t.Helper()
+		if err := a.qp.PostSend(SendWR{Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(mr.Addr), RKey: mr.RKey}); err != nil {
+			t.Fatal(err)
+		}
+		return wait(t, a.scq)
+	}
+	const rounds = 5
+	for i := range rounds {
+		x := alloc(t, b.d, 64<<10)
+		xmr := register(t, b.d, x, AccessLocalWrite|AccessRemoteWrite)
+		if c := writeInto(x, xmr); c.Status != StatusSuccess || !bytes.Equal(x[:4096], src) {
+			t.Fatalf("round %d: RDMA Write into device memory: %+v", i, c)
+		}
+		a.qp.awaitRetired() // the previous round's SEG_DEL came before x's SEG_ADD
+		if got := importedSegments() - imported; got != 1 {
+			t.Fatalf("round %d: %d peer segments mapped, want 1", i, got)
+		}
+		if err := b.d.Deregister(xmr); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.d.Free(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The last SEG_DEL is ahead of y's SEG_ADD on the connection socket:
+	// once the write into y went through, the reader has dropped the
+	// freed segments, and their unmapping has started.
+	y := alloc(t, b.d, 4096)
+	ymr := register(t, b.d, y, AccessLocalWrite|AccessRemoteWrite)
+	if c := writeInto(y, ymr); c.Status != StatusSuccess {
+		t.Fatalf("RDMA Write into new device memory: %+v", c)
+	}
+	a.qp.awaitRetired()
+	if got := importedSegments() - imported; got != 1 {
+		t.Errorf("%d peer segments mapped after %d were freed, want 1", got, rounds)
+	}
+	// y alone (b's mapping and a's): nothing of the freed segments.
+	now := testutil.Snapshot()
+	if got := memFiles(now.Mappings) - memFiles(before.Mappings); got != 1 {
+		t.Errorf("%d more device memory files mapped after %d segments were allocated and freed, want 1:\n%s", got, rounds, strings.Join(now.Mappings, "\n"))
+	}
+	a.qp.peer.segMu.Lock()
+	n := len(a.qp.peer.segs)
+	a.qp.peer.segMu.Unlock()
+	if n != 1 {
+		t.Errorf("the queue pair knows %d peer segments, want 1", n)
+	}
+}
+
+// TestSegDelOfUnknownSegment: a SEG_DEL for a segment the peer never
+// announced is a protocol error.
+func TestSegDelOfUnknownSegment(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	var msg [cmMsgSize]byte
+	binary.LittleEndian.PutUint32(msg[0:], cmSegDel)
+	binary.LittleEndian.PutUint32(msg[4:], 777)
+	a.qp.connMu.Lock()
+	err := sys.SendFds(a.qp.conn, msg[:])
+	a.qp.connMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.qp.readerDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queue pair still reads announcements after 10 s")
+	}
+	if err := b.qp.Err(); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "never announced") {
+		t.Fatalf("queue pair error %v, want a protocol error about the unknown segment", err)
+	}
+}
+
+// memFiles counts the device memory files among /proc/self/maps lines (a
+// file's mappings may show as several lines).
+func memFiles(mappings []string) int {
+	inodes := map[string]bool{}
+	for _, l := range mappings {
+		if f := strings.Fields(l); len(f) >= 6 && strings.Contains(l, "sandirect:mem") {
+			inodes[f[3]+" "+f[4]] = true
+		}
+	}
+	return len(inodes)
 }

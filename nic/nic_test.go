@@ -249,8 +249,13 @@ func TestParseHello(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if _, err := negotiate(hello{minVer: 2, maxVer: 5}); !errors.Is(err, ErrRefused) {
+	if _, err := negotiate(hello{minVer: cmVersion + 1, maxVer: cmVersion + 4}); !errors.Is(err, ErrRefused) {
 		t.Errorf("negotiate without a common version: %v", err)
+	}
+	for _, c := range []struct{ min, max, want uint16 }{{1, 1, 1}, {1, 2, 2}, {2, 7, 2}} {
+		if v, err := negotiate(hello{minVer: c.min, maxVer: c.max}); err != nil || v != c.want {
+			t.Errorf("negotiate with a peer of versions [%d, %d]: %d, %v; want %d", c.min, c.max, v, err, c.want)
+		}
 	}
 }
 

@@ -77,6 +77,7 @@ type peerInfo struct {
 	pid      int
 	uid      uint32
 	attr     Attr
+	version  uint16 // of the connection manager's messages
 	table    peerTable
 	tableSeg *shm.Segment
 
@@ -117,7 +118,11 @@ type QueuePair struct {
 	state      atomic.Uint32
 	reason     atomic.Pointer[error]
 	closeOnce  sync.Once
-	started    atomic.Bool // the connection reader runs
+	retireMu   sync.Mutex
+	retiring   int                 // unmaps of segments the peer freed, under way
+	retired    chan struct{}       // closed when retiring drops to 0
+	announced  map[uint32]struct{} // our memory segments the peer has; under connMu
+	started    atomic.Bool         // the connection reader runs
 	readerDone chan struct{}
 
 	sstats Stats // send-side counters; guarded by sqMu
@@ -823,6 +828,7 @@ func (qp *QueuePair) Close() error {
 		qp.closed = true
 		qp.rqMu.Unlock()
 		qp.sqMu.Unlock()
+		qp.awaitRetired() // the reader, which starts them, is done
 		qp.seg.Close()
 		releaseImport(qp.peer.tableSeg)
 		qp.peer.segMu.Lock()
