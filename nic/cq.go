@@ -188,7 +188,7 @@ func (cq *CompletionQueue) Poll(out []Completion) int {
 	}
 	for _, qp := range *cq.sqps.Load() {
 		if qp.sqLen.Load() > 0 {
-			qp.engineTurn()
+			qp.engineTurn(true)
 		}
 	}
 	if cq.n.Load() == 0 || got == len(out) {

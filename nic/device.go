@@ -141,6 +141,9 @@ type Stats struct {
 	BytesWritten, BytesRead     uint64
 	Errors, RNRRetries          uint64
 	InlineExecs, EngineExecs    uint64 // send-queue work run by the poster, by the engine
+	// Chunks of queued send-queue work run by pollers of the send CQ, and
+	// by the engine goroutine (the fallback while nobody polls).
+	PolledChunks, EngineChunks uint64
 }
 
 func (s *Stats) add(o *Stats) {
@@ -156,6 +159,8 @@ func (s *Stats) add(o *Stats) {
 	s.RNRRetries += o.RNRRetries
 	s.InlineExecs += o.InlineExecs
 	s.EngineExecs += o.EngineExecs
+	s.PolledChunks += o.PolledChunks
+	s.EngineChunks += o.EngineChunks
 }
 
 // Open creates a device.

@@ -22,7 +22,10 @@
 // nothing is queued ahead of them on the queue pair; everything else is
 // queued to the device's engine goroutine, which moves large transfers in
 // chunks, round-robin across queue pairs, so posting returns at once and
-// one big transfer never starves small ones. Operations on one queue pair
+// one big transfer never starves small ones. A goroutine polling the send
+// completion queue runs its queue pairs' queued work itself, and while it
+// does the engine keeps off them (the data stays on one CPU's caches).
+// Operations on one queue pair
 // complete in the order they were posted. Incoming sends are matched with
 // posted receives when the receive completion queue is polled or waited on,
 // or when a receive is posted (manual progress, as libfabric calls it).

@@ -1,20 +1,38 @@
 package nic
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // engine is a device's background executor: it runs queued work requests
 // chunk by chunk, round-robin over queue pairs.
+//
+// Pollers of a send CQ run their queue pairs' queued work themselves
+// (CompletionQueue.Poll), and while they do, the engine keeps off those
+// queue pairs: a queue pair whose last chunk a poller ran less than
+// engineYield ago is put aside and looked at again engineYield later. Both
+// taking turns meant that chunks alternated between the poller's CPU and
+// the engine's, each pulling the buffers over from the other's caches: a
+// 16 MiB RDMA Write ran at 0.71-0.77x single-core copy() in rounds
+// interleaved with it, and 0.91-0.99x done on the poller's thread alone.
+// This is how UCX and libfabric's shm provider progress too — in the
+// caller's thread, as it polls; the engine is for work nobody polls for.
 type engine struct {
 	mu      sync.Mutex // guards ready, stopped
-	cond    sync.Cond
 	ready   []*QueuePair
 	stopped bool
+	kick    chan struct{} // a queue pair was added, or stop
 	done    chan struct{}
 }
 
+// engineYield is how long after a poller's turn the engine leaves a queue
+// pair to its pollers: longer than the gap between a busy poller's turns,
+// short next to a wait's spin. A variable for tests only.
+var engineYield = 50 * time.Microsecond
+
 func newEngine(d *Device) *engine {
-	e := &engine{done: make(chan struct{})}
-	e.cond.L = &e.mu
+	e := &engine{kick: make(chan struct{}, 1), done: make(chan struct{})}
 	go e.run()
 	return e
 }
@@ -25,25 +43,57 @@ func (e *engine) add(qp *QueuePair) {
 	e.mu.Lock()
 	e.ready = append(e.ready, qp)
 	e.mu.Unlock()
-	e.cond.Signal()
+	e.wake()
+}
+
+func (e *engine) wake() {
+	select {
+	case e.kick <- struct{}{}:
+	default: // a kick is pending already
+	}
 }
 
 func (e *engine) run() {
 	defer close(e.done)
+	var aside []*QueuePair // yielded to pollers: looked at again later
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for {
 		e.mu.Lock()
-		for len(e.ready) == 0 && !e.stopped {
-			e.cond.Wait()
-		}
 		if e.stopped {
 			e.mu.Unlock()
 			return
 		}
-		qp := e.ready[0]
-		e.ready[0] = nil
-		e.ready = e.ready[1:]
+		var qp *QueuePair
+		if len(e.ready) > 0 {
+			qp = e.ready[0]
+			e.ready[0] = nil
+			e.ready = e.ready[1:]
+		}
 		e.mu.Unlock()
-		if qp.engineTurn() {
+		if qp == nil {
+			if len(aside) == 0 {
+				<-e.kick
+				continue
+			}
+			timer.Reset(engineYield)
+			select {
+			case <-e.kick:
+				timer.Stop()
+			case <-timer.C:
+			}
+			e.mu.Lock()
+			e.ready = append(e.ready, aside...)
+			e.mu.Unlock()
+			clear(aside)
+			aside = aside[:0]
+			continue
+		}
+		more, yielded := qp.engineTurn(false)
+		switch {
+		case yielded:
+			aside = append(aside, qp)
+		case more:
 			e.mu.Lock()
 			e.ready = append(e.ready, qp)
 			e.mu.Unlock()
@@ -55,6 +105,6 @@ func (e *engine) stop() {
 	e.mu.Lock()
 	e.stopped = true
 	e.mu.Unlock()
-	e.cond.Broadcast()
+	e.wake()
 	<-e.done
 }

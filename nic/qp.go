@@ -105,7 +105,11 @@ type QueuePair struct {
 	sq     []*sendOp
 	sqLen  atomic.Int32 // len(sq), for pollers that look without the lock
 	queued bool         // on the engine's list
-	closed bool         // mappings released (also guarded by rqMu: both held to set)
+	// polledAt is when a poller last ran a turn of queued work (monotonic
+	// nanoseconds since clockBase): the engine leaves the queue pair to its
+	// pollers for engineYield after that, without taking sqMu.
+	polledAt atomic.Int64
+	closed   bool // mappings released (also guarded by rqMu: both held to set)
 
 	rqMu   sync.Mutex // guards rq, rqHead, in
 	rq     []postedRecv
@@ -761,10 +765,32 @@ func (qp *QueuePair) flush() {
 	qp.recvCQ.ws.Ring()
 }
 
-// engineTurn runs one chunk of the first queued op. It reports whether the
-// queue pair has more work for the engine.
-func (qp *QueuePair) engineTurn() bool {
+// pollerNear tells whether a poller began or ended a turn of queued work
+// within engineYield.
+func (qp *QueuePair) pollerNear() bool {
+	at := qp.polledAt.Load()
+	return at != 0 && time.Since(clockBase)-time.Duration(at) < engineYield
+}
+
+// clockBase is the origin of polledAt's monotonic times.
+var clockBase = time.Now()
+
+// engineTurn runs one chunk of the first queued op, for a poller of the
+// send CQ or (byPoller false) for the engine. It reports whether the queue
+// pair has more work, and whether the engine's turn was left to pollers
+// that ran one within engineYield (then nothing ran).
+func (qp *QueuePair) engineTurn(byPoller bool) (more, yielded bool) {
+	if byPoller {
+		qp.polledAt.Store(int64(time.Since(clockBase)))
+	} else if qp.pollerNear() {
+		return true, true // still queued: the engine looks again later
+	}
 	qp.sqMu.Lock()
+	if !byPoller && qp.pollerNear() {
+		// A poller's turn ended while we waited for the lock.
+		qp.sqMu.Unlock()
+		return true, true
+	}
 	if qp.closed || len(qp.sq) == 0 || qp.State() != QPReady {
 		qp.queued = false
 		flush := !qp.closed && len(qp.sq) > 0
@@ -772,9 +798,14 @@ func (qp *QueuePair) engineTurn() bool {
 		if flush {
 			qp.flush()
 		}
-		return false
+		return false, false
 	}
 	op := qp.sq[0]
+	if byPoller {
+		qp.sstats.PolledChunks++
+	} else {
+		qp.sstats.EngineChunks++
+	}
 	var wait time.Time
 	if op.wr.Op == OpSend {
 		wait = time.Now().Add(200 * time.Microsecond)
@@ -797,15 +828,19 @@ func (qp *QueuePair) engineTurn() bool {
 		qp.sqLen.Store(int32(len(qp.sq)))
 		failed = qp.finish(op, st, reason)
 	}
-	more := len(qp.sq) > 0 && !failed
+	more = len(qp.sq) > 0 && !failed
 	if !more {
 		qp.queued = false
+	}
+	if byPoller {
+		// Before the unlock: an engine waiting for the lock sees it.
+		qp.polledAt.Store(int64(time.Since(clockBase)))
 	}
 	qp.sqMu.Unlock()
 	if failed {
 		qp.flush()
 	}
-	return more
+	return more, false
 }
 
 // Close moves the queue pair to the error state, flushes its work, tells

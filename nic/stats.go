@@ -161,6 +161,8 @@ func emitNICStats(emit func(group, name string, v uint64), g string, st *Stats) 
 	emit(g, "rnr_retries", st.RNRRetries)
 	emit(g, "inline_execs", st.InlineExecs)
 	emit(g, "engine_execs", st.EngineExecs)
+	emit(g, "polled_chunks", st.PolledChunks)
+	emit(g, "engine_chunks", st.EngineChunks)
 }
 
 func emitPinStats(emit func(group, name string, v uint64), g string, st pin.Stats) {

@@ -1,0 +1,68 @@
+package nic
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/shm"
+)
+
+// TestPollerKeepsItsWork: once a poller of the send CQ runs a turn of a
+// queue pair's queued work, the engine leaves that queue pair to it while
+// it keeps polling (here for as long as the test runs), so chunks do not
+// alternate between the poller's CPU and the engine's, each pulling the
+// buffers over from the other's caches. The work still completes, every
+// chunk counted once.
+func TestPollerKeepsItsWork(t *testing.T) {
+	old := engineYield
+	engineYield = time.Hour
+	t.Cleanup(func() { engineYield = old })
+	cfg := DefaultConfig()
+	cfg.Wait = shm.WaitConfig{Mode: shm.WaitBusyPoll}
+	cfg.InlineExec = 0 // everything queued
+	cfg.Chunk = 64 << 10
+	a, b := pair(t, &cfg, &cfg)
+	const ops, size = 16, 1 << 20
+	dst := alloc(t, b.d, size)
+	dmr := register(t, b.d, dst, AccessLocalWrite|AccessRemoteWrite)
+	src := make([]byte, size)
+	for i := range src {
+		src[i] = byte(i * 13)
+	}
+	smr := register(t, a.d, src, 0)
+	for i := range ops {
+		if err := a.qp.PostSend(SendWR{ID: uint64(i), Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(dmr.Addr), RKey: dmr.RKey}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var cs [ops]Completion
+	got := a.scq.Poll(cs[:]) // runs a turn: from here on the queue pair is the poller's
+	engineBefore := a.qp.Stats().EngineChunks
+	deadline := time.Now().Add(10 * time.Second)
+	for got < ops {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d writes completed after 10 s", got, ops)
+		}
+		got += a.scq.Poll(cs[got:])
+	}
+	for i, c := range cs {
+		if c.Status != StatusSuccess || c.ID != uint64(i) {
+			t.Fatalf("completion %d: %+v", i, c)
+		}
+	}
+	st := a.qp.Stats()
+	if st.EngineChunks != engineBefore {
+		t.Errorf("the engine ran %d chunks while a poller kept polling", st.EngineChunks-engineBefore)
+	}
+	if want := uint64(ops * size / cfg.Chunk); st.PolledChunks+st.EngineChunks != want {
+		t.Errorf("%d chunks by pollers and %d by the engine, want %d in all", st.PolledChunks, st.EngineChunks, want)
+	}
+	if st.PolledChunks == 0 {
+		t.Error("the poller ran no chunk")
+	}
+	for i := range dst {
+		if dst[i] != src[i] {
+			t.Fatalf("byte %d: %d, want %d", i, dst[i], src[i])
+		}
+	}
+}
