@@ -26,7 +26,9 @@ package main
 // abstract address), tcp (loopback) and pipe (a pair of os.Pipe inherited
 // by the peer); ours, through package sockets: sockets/busy and
 // sockets/block (network "sandirect", an "@abstract" address, the wait
-// mode set in sockets.Config) and sockets/forcetcp (network "tcp" on
+// mode set in sockets.Config), sockets/busy+shared (sockets/busy writing
+// every message from a buffer of sockets.AllocBuffer, which the peer reads
+// in place: sharedConn) and sockets/forcetcp (network "tcp" on
 // 127.0.0.1 with Config.ForceTCP: the package's plain-TCP path, what a
 // program gets from sockets.Dial to another host; both ends are checked to
 // be *net.TCPConn, so it is never shared memory). cloudwego/shmipc-go is measured by its own module, bench/shmipc,
@@ -91,7 +93,9 @@ func init() {
 		target{name: "sockets/block 8B p50 / futexcond/unpinned p50 (interleaved)",
 			num: recordKey{"conn", "pingpong", blockRefTransport, blockRefSize, metricLatP50},
 			den: recordKey{"conn", "pingpong", "futexcond/unpinned", blockRefSize, metricLatP50}, limit: 1.1, atMost: true})
-	for _, mode := range []string{"sockets/busy", "sockets/block"} {
+	// sockets/busy+shared: the same targets for writes from buffers of
+	// sockets.AllocBuffer, which the peer reads in place.
+	for _, mode := range []string{"sockets/busy", "sockets/block", "sockets/busy+shared"} {
 		for _, size := range []int{miB, 4 * miB, 16 * miB} {
 			// A stream crosses cores: the two-core pipeline of the floor
 			// suite is its ceiling at the time (docs: README, streams and
@@ -152,6 +156,11 @@ var connTransports = []*connTransport{
 	{name: "sockets/block",
 		listen: listenSockets("sandirect", shm.WaitBlock, false),
 		dial:   dialSockets("sandirect", shm.WaitBlock, false)},
+	// sockets/busy with every message written from a buffer of
+	// sockets.AllocBuffer, which the peer reads in place (sharedConn).
+	{name: "sockets/busy+shared", busy: true,
+		listen: sharedListener(listenSockets("sandirect", shm.WaitBusyPoll, false)),
+		dial:   sharedDialer(dialSockets("sandirect", shm.WaitBusyPoll, false))},
 	// Our TCP path, not shared memory: "tcp" to loopback with ForceTCP.
 	{name: "sockets/forcetcp",
 		listen: listenSockets("tcp", shm.WaitAdaptive, true),
@@ -270,6 +279,88 @@ func dialSockets(network string, mode shm.WaitMode, forceTCP bool) func(context.
 		}
 		return c, nil
 	}
+}
+
+// sharedConn is a connection of ours whose messages are written from
+// buffers of sockets.AllocBuffer (transport sockets/busy+shared): shared
+// memory the peer maps, so that a large write is read in place, one copy
+// in all, instead of being copied through temporary memory or read with
+// process_vm_readv.
+type sharedConn struct {
+	net.Conn
+	bufs map[int][]byte // by size: one per case's message size
+}
+
+// message returns a size-byte buffer of c's to write messages from.
+func (c *sharedConn) message(size int) ([]byte, error) {
+	if b := c.bufs[size]; b != nil {
+		return b, nil
+	}
+	b, err := sockets.AllocBuffer(c.Conn, size)
+	if err != nil {
+		return nil, err
+	}
+	if c.bufs == nil {
+		c.bufs = map[int][]byte{}
+	}
+	c.bufs[size] = b
+	return b, nil
+}
+
+func (c *sharedConn) Close() error {
+	err := c.Conn.Close()
+	for _, b := range c.bufs {
+		err = errors.Join(err, sockets.FreeBuffer(b))
+	}
+	c.bufs = nil
+	return err
+}
+
+func sharedListener(listen func(context.Context, string) (connListener, error)) func(context.Context, string) (connListener, error) {
+	return func(ctx context.Context, name string) (connListener, error) {
+		l, err := listen(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		return sharedConnListener{l}, nil
+	}
+}
+
+type sharedConnListener struct{ connListener }
+
+func (l sharedConnListener) Accept() (io.ReadWriteCloser, error) {
+	c, err := l.connListener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &sharedConn{Conn: c.(net.Conn)}, nil
+}
+
+func sharedDialer(dial func(context.Context, string) (io.ReadWriteCloser, error)) func(context.Context, string) (io.ReadWriteCloser, error) {
+	return func(ctx context.Context, addr string) (io.ReadWriteCloser, error) {
+		c, err := dial(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &sharedConn{Conn: c.(net.Conn)}, nil
+	}
+}
+
+// messageFor returns a size-byte message to write on c, filled with a
+// pattern: from c's shared buffers if it has them.
+func messageFor(c io.ReadWriter, size int) ([]byte, error) {
+	sc, ok := c.(*sharedConn)
+	if !ok {
+		return newMessage(size), nil
+	}
+	b, err := sc.message(size)
+	if err != nil {
+		return nil, fmt.Errorf("shared buffer: %w", err)
+	}
+	for i := range b {
+		b[i] = byte(i*7 + 3)
+	}
+	return b, nil
 }
 
 // ---- pipes ----
@@ -656,7 +747,11 @@ func connPingPong(c io.ReadWriter, size, warm int, budget time.Duration, laps in
 	if err := writeHeader(c, connOpPing, size); err != nil {
 		return err
 	}
-	out, in := newMessage(size), make([]byte, size)
+	out, err := messageFor(c, size)
+	if err != nil {
+		return err
+	}
+	in := make([]byte, size)
 	seq := uint64(0)
 	rt := func(flags uint64) error {
 		seq++
@@ -728,7 +823,10 @@ func connStream(c io.ReadWriter, size int, total time.Duration, chunks int) (bwS
 	if err := writeHeader(c, connOpStream, size); err != nil {
 		return bwSpread{}, err
 	}
-	out := newMessage(size)
+	out, err := messageFor(c, size)
+	if err != nil {
+		return bwSpread{}, err
+	}
 	var ack [8]byte
 	seq := uint64(0)
 	// Look at the clock about every 64 KiB written.
@@ -830,7 +928,10 @@ func connServe(c io.ReadWriter, counted bool) error {
 		if size < 8 || size > 1<<30 {
 			return fmt.Errorf("message size %d", size)
 		}
-		buf := make([]byte, size)
+		buf, err := messageFor(c, int(size)) // echoed: written from as well
+		if err != nil {
+			return err
+		}
 		var ack [8]byte
 		n := uint64(0)
 		for seq := uint64(1); ; seq++ {

@@ -377,6 +377,9 @@ func (d *Device) owns(mr *MemoryRegion) bool {
 	return mr != nil && mr.stable && d.regs[mr.idx].Load() == mr
 }
 
+// DeviceMemory tells whether buf lies within one buffer from Alloc.
+func (d *Device) DeviceMemory(buf []byte) bool { return d.segmentOf(buf) != nil }
+
 // segmentOf returns the memory segment that holds all of buf, or nil.
 func (d *Device) segmentOf(buf []byte) *memSegment {
 	if len(buf) == 0 {

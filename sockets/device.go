@@ -100,6 +100,18 @@ func (d *device) hold() {
 	devices.mu.Unlock()
 }
 
+// tryHold takes one more reference on d unless the last one is gone (the
+// device is closed or closing).
+func (d *device) tryHold() bool {
+	devices.mu.Lock()
+	defer devices.mu.Unlock()
+	if d.refs == 0 {
+		return false
+	}
+	d.refs++
+	return true
+}
+
 // release drops a reference; the last one closes the device.
 func (d *device) release() {
 	devices.mu.Lock()

@@ -26,7 +26,11 @@
 // large source is either registered in place (zero copy: the write waits
 // until the peer took it) or copied into temporary device memory (the
 // write returns at once); the switch picks by how the application
-// behaves, and Counters show which path every byte took. GlobalStats
+// behaves, and Counters show which path every byte took. A buffer from
+// AllocBuffer is shared memory the peer maps: writes from it are read in
+// place, one copy in all, at any size — where an ordinary buffer's large
+// writes take two copies across the CPUs (AllocBuffer, FreeBuffer; for a
+// connection that is not ours it is ordinary memory). GlobalStats
 // adds them up for the process, which publishes them for tools/sdstat as
 // the group "sockets" while it has a connection or listener (publish.go);
 // tools/sdtrace traces Reads and Writes with uprobes (trace.go).

@@ -75,6 +75,7 @@ func snapshotStats(emit func(group, name string, v uint64)) {
 	e("zero_chosen", c.ZeroChosen)
 	e("copy_new_buffer", c.CopyNewBuffer)
 	e("copy_peer_stages", c.CopyPeerStages)
+	e("zero_shared", c.ZeroShared)
 	e("fallbacks", c.Fallbacks)
 	e("rdma_reads", c.RDMAReads)
 	e("rdma_writes", c.RDMAWrites)

@@ -92,6 +92,12 @@ func (c *Conn) chooseCopyLocked(body []byte) bool {
 		// Small: a round trip per write costs more than the copy, and
 		// the write returns at once.
 		return true
+	case c.sharedSource(body):
+		// A buffer from AllocBuffer: the peer maps it and reads it in
+		// place, one copy in all, at any size — faster than any copy
+		// into temporary memory, which the peer would copy out again.
+		c.stats.count(cZeroShared, 1)
+		return false
 	case c.cfg.ZeroCopyMax == 0 || n > c.cfg.ZeroCopyMax:
 		// Copies in CopyChunk pieces pipeline: we copy a piece while the
 		// peer takes the one before, each piece in cache for the next

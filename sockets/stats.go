@@ -30,6 +30,7 @@ type Counters struct {
 	ZeroChosen     uint64 // rendezvous whose source was registered in place
 	CopyNewBuffer  uint64 // of CopyChosen: the source was new to the registration cache and not the previous write's buffer
 	CopyPeerStages uint64 // of CopyChosen: the peer reads through its staging buffer (its reads are small)
+	ZeroShared     uint64 // of ZeroChosen: the source was a buffer from AllocBuffer, which the peer maps
 	Fallbacks      uint64 // the chosen source failed for lack of resources; the other was used
 	RDMAReads      uint64
 	RDMAWrites     uint64
@@ -65,6 +66,7 @@ const (
 	cZeroChosen
 	cCopyNewBuffer
 	cCopyPeerStages
+	cZeroShared
 	cFallbacks
 	cRDMAReads
 	cRDMAWrites
@@ -144,7 +146,7 @@ func (s *stats) snapshot() Counters {
 		BytesZeroCopy: v(cBytesZeroCopy), BytesCopied: v(cBytesCopied), BytesCopiedNT: v(cBytesCopiedNT),
 		BytesDirect: v(cBytesDirect), BytesStaged: v(cBytesStaged), BytesRead: v(cBytesRead),
 		Rendezvous: v(cRendezvous), CopyChosen: v(cCopyChosen), ZeroChosen: v(cZeroChosen),
-		CopyNewBuffer: v(cCopyNewBuffer), CopyPeerStages: v(cCopyPeerStages),
+		CopyNewBuffer: v(cCopyNewBuffer), CopyPeerStages: v(cCopyPeerStages), ZeroShared: v(cZeroShared),
 		Fallbacks: v(cFallbacks), RDMAReads: v(cRDMAReads), RDMAWrites: v(cRDMAWrites),
 		MsgsSent: v(cMsgsSent), MsgsReceived: v(cMsgsReceived), CreditMsgs: v(cCreditMsgs),
 		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
