@@ -210,6 +210,18 @@ func (cq *CompletionQueue) Poll(out []Completion) int {
 	return got + n
 }
 
+// leaveWork hands the queued work of this CQ's queue pairs back to the
+// engine before a waiter sleeps: the engine would otherwise leave it to
+// the poller for engineYield more.
+func (cq *CompletionQueue) leaveWork() {
+	for _, qp := range *cq.sqps.Load() {
+		if qp.sqLen.Load() > 0 && qp.polledAt.Load() != 0 {
+			qp.polledAt.Store(0)
+			qp.dev.eng.wake()
+		}
+	}
+}
+
 // Wait is Poll that waits, as the device's wait configuration says, until
 // at least one completion is there, deadline passes (zero: no deadline;
 // then os.ErrDeadlineExceeded), or Wake is called (then it returns 0 and
@@ -244,6 +256,7 @@ func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, erro
 		}
 	}
 	for {
+		cq.leaveWork()
 		cq.waitMu.Lock()
 		cq.syncWaitSet()
 		err := cq.ws.Wait(cq.ready, deadline)

@@ -66,3 +66,41 @@ func TestPollerKeepsItsWork(t *testing.T) {
 		}
 	}
 }
+
+// TestSleepingWaiterLeavesWork: a waiter that sleeps hands its queue
+// pairs' queued work back to the engine at once, instead of the engine
+// leaving it to a poller that is gone for engineYield (here an hour).
+func TestSleepingWaiterLeavesWork(t *testing.T) {
+	old := engineYield
+	engineYield = time.Hour
+	t.Cleanup(func() { engineYield = old })
+	cfg := DefaultConfig()
+	cfg.Wait = shm.WaitConfig{Mode: shm.WaitBlock}
+	cfg.InlineExec = 0
+	cfg.Chunk = 64 << 10
+	a, b := pair(t, &cfg, &cfg)
+	const ops, size = 4, 1 << 20
+	dst := alloc(t, b.d, size)
+	dmr := register(t, b.d, dst, AccessLocalWrite|AccessRemoteWrite)
+	src := make([]byte, size)
+	smr := register(t, a.d, src, 0)
+	for i := range ops {
+		if err := a.qp.PostSend(SendWR{ID: uint64(i), Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(dmr.Addr), RKey: dmr.RKey}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var cs [ops]Completion
+	got := 0
+	for got < ops {
+		// Each Wait polls (a turn of its own) before it sleeps; without
+		// the hand-back the engine would then wait an hour.
+		n, err := a.scq.Wait(cs[got:], time.Now().Add(10*time.Second))
+		if err != nil {
+			t.Fatalf("%d of %d writes completed: %v", got, ops, err)
+		}
+		got += n
+	}
+	if st := a.qp.Stats(); st.EngineChunks == 0 {
+		t.Errorf("the engine ran no chunk for a sleeping waiter (%d by pollers)", st.PolledChunks)
+	}
+}
