@@ -465,6 +465,37 @@ func (c *Cache) InvalidateUnmapped(addr, length uintptr) int {
 	return c.invalidate(addr, length, true)
 }
 
+// InvalidateIdle is Invalidate for a range that its owner is about to
+// give up, provided no registration overlapping it is in use: then it
+// invalidates them all and returns true; otherwise it changes nothing and
+// returns false (an in-use entry would lose its remote access under its
+// holder). The check and the invalidation are one step under the cache's
+// lock: no registration can begin between them.
+func (c *Cache) InvalidateIdle(addr, length uintptr) bool {
+	if addr+length < addr {
+		return false
+	}
+	if length == 0 {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := pageSpan(addr, length)
+	i, j := c.idx.overlapping(s.lo, s.hi)
+	for _, e := range c.idx.ents[i:j] {
+		if e.refs > 0 {
+			return false
+		}
+	}
+	for e := c.others.front(); e != &c.others.root; e = e.next {
+		if e.lo < s.hi && s.lo < e.hi && e.refs > 0 {
+			return false
+		}
+	}
+	c.invalidateLocked(s, false)
+	return true
+}
+
 func (c *Cache) invalidate(addr, length uintptr, gone bool) int {
 	if length == 0 || addr+length < addr {
 		return 0

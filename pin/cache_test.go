@@ -339,3 +339,31 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("DefaultConfig %+v", d)
 	}
 }
+
+// TestInvalidateIdle: a range with a registration in use is left alone
+// (its holder keeps remote access); once the last holder deregisters, the
+// range's entries are invalidated and unpinned in one step.
+func TestInvalidateIdle(t *testing.T) {
+	c := newCache(t, &Config{Monitor: MonitorOwned})
+	bufs := allocN(t, 2, 2)
+	h0 := register(t, c, bufs[0], AccessRemoteRead)
+	h1 := register(t, c, bufs[1], 0)
+	deregister(t, c, h1) // cached, unused
+	a, b := sys.Addr(bufs[0]), sys.Addr(bufs[1])
+	lo, hi := min(a, b), max(a, b)+2*page // both buffers
+	if c.InvalidateIdle(lo, hi-lo) {
+		t.Fatal("InvalidateIdle succeeded over a registration in use")
+	}
+	if !c.Cached(bufs[1], 0) || !c.Cached(bufs[0], AccessRemoteRead) {
+		t.Fatal("a refused InvalidateIdle dropped entries")
+	}
+	deregister(t, c, h0)
+	if !c.InvalidateIdle(lo, hi-lo) {
+		t.Fatal("InvalidateIdle refused a range with nothing in use")
+	}
+	if c.Cached(bufs[0], 0) || c.Cached(bufs[1], 0) {
+		t.Fatal("entries still cached after InvalidateIdle")
+	}
+	wantLocked(t, c, sys.Addr(bufs[0]), 2, 0)
+	wantLocked(t, c, sys.Addr(bufs[1]), 2, 0)
+}

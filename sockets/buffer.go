@@ -86,10 +86,11 @@ func FreeBuffer(b []byte) error {
 		return fmt.Errorf("sockets: FreeBuffer of memory not from AllocBuffer")
 	}
 	if o.dev != nil {
-		// Registrations the cache keeps of it go first: the nic frees no
-		// memory a region still covers.
-		if cache := o.dev.nic.Cache(); cache != nil {
-			cache.Invalidate(addr, uintptr(len(o.buf)))
+		// Registrations the cache keeps of it go first (the nic frees no
+		// memory a region still covers) — unless a write from it is in
+		// flight: revoking its registration would fail that write.
+		if cache := o.dev.nic.Cache(); cache != nil && !cache.InvalidateIdle(addr, uintptr(len(o.buf))) {
+			return fmt.Errorf("sockets: FreeBuffer: a write from the buffer is in flight")
 		}
 		if err := o.dev.nic.Free(o.buf); err != nil {
 			return fmt.Errorf("sockets: FreeBuffer: %w", err)

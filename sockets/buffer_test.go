@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -165,5 +166,49 @@ func TestSharedBufferAcrossProcesses(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestFreeBufferDuringWrite: FreeBuffer of a buffer a write is reading
+// from fails and changes nothing — the write completes, every byte
+// arrives — and succeeds once the write is done.
+func TestFreeBufferDuringWrite(t *testing.T) {
+	c, s := pipe(t, nil, nil)
+	const size = 4 << 20
+	buf, err := AllocBuffer(c, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillPattern(buf, 3)
+	want := bytes.Clone(buf)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(buf)
+		wrote <- err
+	}()
+	// The write has registered its source once its rts is out; the peer
+	// reads nothing yet, so the write waits.
+	deadline := time.Now().Add(10 * time.Second)
+	for c.(*Conn).Stats().Rendezvous == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no rendezvous after 10 s")
+		}
+		runtime.Gosched()
+	}
+	if err := FreeBuffer(buf); err == nil {
+		t.Fatal("FreeBuffer succeeded while a write from the buffer was in flight")
+	}
+	got := make([]byte, size)
+	if _, err := io.ReadFull(s, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("received bytes differ")
+	}
+	if err := FreeBuffer(buf); err != nil {
+		t.Fatalf("FreeBuffer after the write: %v", err)
 	}
 }
