@@ -36,10 +36,13 @@ type bufferOwner struct {
 // ordinary memory, so that one program runs either way.
 //
 // The buffer stays valid until FreeBuffer, also after c is closed. Every
-// peer of the same user connected to this process's connections of that
-// Config maps it (as it maps the temporary memory writes are copied
-// into); other programs of other users never do. A failure is an error
-// matching syscall.ENOBUFS.
+// peer connected to this process's connections of that Config maps it, as
+// it maps the temporary memory writes are copied into, and could write
+// it too: put in it only what those peers may see. They are processes of
+// our own user, who could read our memory anyway (ptrace); the switch
+// admits no other. A failure is an error matching syscall.ENOBUFS. Each
+// buffer is a segment every peer maps: allocate a few large buffers and
+// reuse them, not one per write.
 func AllocBuffer(c net.Conn, n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("sockets: AllocBuffer of %d bytes", n)
