@@ -7,25 +7,23 @@ import (
 	"github.com/sandirect/sandirect/shm"
 )
 
-// TestPollerKeepsItsWork: once a poller of the send CQ runs a turn of a
-// queue pair's queued work, the engine leaves that queue pair to it while
-// it keeps polling (here for as long as the test runs), so chunks do not
-// alternate between the poller's CPU and the engine's, each pulling the
-// buffers over from the other's caches. The work still completes, every
-// chunk counted once.
-func TestPollerKeepsItsWork(t *testing.T) {
+// postQueuedWrites holds the engine off for an hour after a poller's
+// turn, connects two devices waiting in mode, and posts ops RDMA Writes
+// of size bytes into the second's device memory, all queued (no inline
+// execution) in 64 KiB chunks.
+func postQueuedWrites(t *testing.T, mode shm.WaitMode, ops, size int) (a *end, src, dst []byte) {
+	t.Helper()
 	old := engineYield
 	engineYield = time.Hour
 	t.Cleanup(func() { engineYield = old })
 	cfg := DefaultConfig()
-	cfg.Wait = shm.WaitConfig{Mode: shm.WaitBusyPoll}
-	cfg.InlineExec = 0 // everything queued
+	cfg.Wait = shm.WaitConfig{Mode: mode}
+	cfg.InlineExec = 0
 	cfg.Chunk = 64 << 10
 	a, b := pair(t, &cfg, &cfg)
-	const ops, size = 16, 1 << 20
-	dst := alloc(t, b.d, size)
+	dst = alloc(t, b.d, size)
 	dmr := register(t, b.d, dst, AccessLocalWrite|AccessRemoteWrite)
-	src := make([]byte, size)
+	src = make([]byte, size)
 	for i := range src {
 		src[i] = byte(i * 13)
 	}
@@ -35,6 +33,18 @@ func TestPollerKeepsItsWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return a, src, dst
+}
+
+// TestPollerKeepsItsWork: once a poller of the send CQ runs a turn of a
+// queue pair's queued work, the engine leaves that queue pair to it while
+// it keeps polling (here for as long as the test runs), so chunks do not
+// alternate between the poller's CPU and the engine's, each pulling the
+// buffers over from the other's caches. The work still completes, every
+// chunk counted once.
+func TestPollerKeepsItsWork(t *testing.T) {
+	const ops, size, chunk = 16, 1 << 20, 64 << 10
+	a, src, dst := postQueuedWrites(t, shm.WaitBusyPoll, ops, size)
 	var cs [ops]Completion
 	got := a.scq.Poll(cs[:]) // runs a turn: from here on the queue pair is the poller's
 	engineBefore := a.qp.Stats().EngineChunks
@@ -54,7 +64,7 @@ func TestPollerKeepsItsWork(t *testing.T) {
 	if st.EngineChunks != engineBefore {
 		t.Errorf("the engine ran %d chunks while a poller kept polling", st.EngineChunks-engineBefore)
 	}
-	if want := uint64(ops * size / cfg.Chunk); st.PolledChunks+st.EngineChunks != want {
+	if want := uint64(ops * size / chunk); st.PolledChunks+st.EngineChunks != want {
 		t.Errorf("%d chunks by pollers and %d by the engine, want %d in all", st.PolledChunks, st.EngineChunks, want)
 	}
 	if st.PolledChunks == 0 {
@@ -71,24 +81,8 @@ func TestPollerKeepsItsWork(t *testing.T) {
 // pairs' queued work back to the engine at once, instead of the engine
 // leaving it to a poller that is gone for engineYield (here an hour).
 func TestSleepingWaiterLeavesWork(t *testing.T) {
-	old := engineYield
-	engineYield = time.Hour
-	t.Cleanup(func() { engineYield = old })
-	cfg := DefaultConfig()
-	cfg.Wait = shm.WaitConfig{Mode: shm.WaitBlock}
-	cfg.InlineExec = 0
-	cfg.Chunk = 64 << 10
-	a, b := pair(t, &cfg, &cfg)
-	const ops, size = 4, 1 << 20
-	dst := alloc(t, b.d, size)
-	dmr := register(t, b.d, dst, AccessLocalWrite|AccessRemoteWrite)
-	src := make([]byte, size)
-	smr := register(t, a.d, src, 0)
-	for i := range ops {
-		if err := a.qp.PostSend(SendWR{ID: uint64(i), Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(dmr.Addr), RKey: dmr.RKey}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	const ops = 4
+	a, _, _ := postQueuedWrites(t, shm.WaitBlock, ops, 1<<20)
 	var cs [ops]Completion
 	got := 0
 	for got < ops {
