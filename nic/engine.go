@@ -28,8 +28,16 @@ type engine struct {
 
 // engineYield is how long after a poller's turn the engine leaves a queue
 // pair to its pollers: longer than the gap between a busy poller's turns,
-// short next to a wait's spin. A variable for tests only.
+// short next to a wait's spin. A variable for tests only. While pollers
+// keep their queue pairs, the engine looks again after engineYield, then
+// twice as long each time, up to engineYieldMax: every look wakes a
+// thread, which on a machine whose CPUs spin for the application takes
+// one of them from it. A poller that goes to sleep hands its work back at
+// once (CompletionQueue.Wait), so the longer looks only delay the work of
+// a poller that stopped polling without sleeping.
 var engineYield = 50 * time.Microsecond
+
+const engineYieldMax = time.Millisecond
 
 func newEngine(d *Device) *engine {
 	e := &engine{kick: make(chan struct{}, 1), done: make(chan struct{})}
@@ -58,6 +66,7 @@ func (e *engine) run() {
 	var aside []*QueuePair // yielded to pollers: looked at again later
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	backoff := engineYield
 	for {
 		e.mu.Lock()
 		if e.stopped {
@@ -76,11 +85,12 @@ func (e *engine) run() {
 				<-e.kick
 				continue
 			}
-			timer.Reset(engineYield)
+			timer.Reset(backoff)
 			select {
 			case <-e.kick:
 				timer.Stop()
 			case <-timer.C:
+				backoff = min(2*backoff, max(engineYieldMax, engineYield))
 			}
 			e.mu.Lock()
 			e.ready = append(e.ready, aside...)
@@ -90,6 +100,9 @@ func (e *engine) run() {
 			continue
 		}
 		more, yielded := qp.engineTurn(false)
+		if !yielded {
+			backoff = engineYield
+		}
 		switch {
 		case yielded:
 			aside = append(aside, qp)
