@@ -53,7 +53,8 @@ type deathRun struct {
 	conn   *Conn // the survivor's connection, once there is one
 	calls  []*pendingCall
 	killed time.Time
-	off    int // stream bytes the survivor read before the kill
+	off    int    // stream bytes the survivor read before the kill
+	shared []byte // a buffer of AllocBuffer the survivor writes from
 }
 
 type callResult struct {
@@ -282,6 +283,43 @@ var deathCases = []deathCase{
 			r.start("write", func() (int, error) { return c.Write(randBytes(deathXfer)) })
 			r.start("read", readOnce(c))
 			waitFor(r.t, "the rts", func() bool { return c.Stats().Rendezvous > 0 })
+		},
+	},
+	{
+		name: "read-rendezvous/sender-survives/shared-buffer",
+		// As above, from a buffer of AllocBuffer, which the child maps:
+		// the buffer comes back whole (FreeBuffer) once the connection
+		// is gone, and the child's mapping of it with the child.
+		child: func(cfg *Config, lnAddr, own string) error {
+			if _, err := dialParent(cfg, lnAddr); err != nil {
+				return err
+			}
+			return parked()
+		},
+		parent: func(r *deathRun) {
+			c := r.accept()
+			buf, err := AllocBuffer(c, deathXfer)
+			if err != nil {
+				r.t.Fatal(err)
+			}
+			r.shared = buf
+			copy(buf, randBytes(deathXfer))
+			r.start("write", func() (int, error) { return c.Write(buf) })
+			waitFor(r.t, "the rts", func() bool { return c.Stats().Rendezvous > 0 })
+			if st := c.Stats(); st.ZeroShared != 1 {
+				r.t.Fatalf("the write's source: %+v, want the shared buffer in place", st)
+			}
+		},
+		after: func(r *deathRun) {
+			c := r.conn
+			if _, err := c.Write(r.shared[:100]); !errors.Is(err, syscall.ECONNRESET) {
+				r.t.Errorf("next write: %v, want a reset", err)
+			}
+			c.Close()
+			waitTorn(r.t, c)
+			if err := FreeBuffer(r.shared); err != nil {
+				r.t.Fatalf("FreeBuffer after the peer died: %v", err)
+			}
 		},
 	},
 	{
