@@ -238,12 +238,7 @@ var deathCases = []deathCase{
 		name: "closing/linger",
 		// We wrote and closed; the child never reads: the connection
 		// lingers for the child's ack until the kill ends it.
-		child: func(cfg *Config, lnAddr, own string) error {
-			if _, err := dialParent(cfg, lnAddr); err != nil {
-				return err
-			}
-			return parked()
-		},
+		child: childDialsAndParks,
 		parent: func(r *deathRun) {
 			c := r.accept()
 			if _, err := c.Write(randBytes(10000)); err != nil {
@@ -272,12 +267,7 @@ var deathCases = []deathCase{
 		parentCfg: withZC(readMode(), ZeroCopyAlways),
 		// The child takes the rts but never reads: our zero-copy write
 		// waits for its done.
-		child: func(cfg *Config, lnAddr, own string) error {
-			if _, err := dialParent(cfg, lnAddr); err != nil {
-				return err
-			}
-			return parked()
-		},
+		child: childDialsAndParks,
 		parent: func(r *deathRun) {
 			c := r.accept()
 			r.start("write", func() (int, error) { return c.Write(randBytes(deathXfer)) })
@@ -290,12 +280,7 @@ var deathCases = []deathCase{
 		// As above, from a buffer of AllocBuffer, which the child maps:
 		// the buffer comes back whole (FreeBuffer) once the connection
 		// is gone, and the child's mapping of it with the child.
-		child: func(cfg *Config, lnAddr, own string) error {
-			if _, err := dialParent(cfg, lnAddr); err != nil {
-				return err
-			}
-			return parked()
-		},
+		child: childDialsAndParks,
 		parent: func(r *deathRun) {
 			c := r.accept()
 			buf, err := AllocBuffer(c, deathXfer)
@@ -394,6 +379,14 @@ var deathCases = []deathCase{
 		child:     childWritesBig,
 		parent:    parentAwaitsSink(stepBeforeWriteDone),
 	},
+}
+
+// childDialsAndParks connects and then does nothing until it is killed.
+func childDialsAndParks(cfg *Config, lnAddr, own string) error {
+	if _, err := dialParent(cfg, lnAddr); err != nil {
+		return err
+	}
+	return parked()
 }
 
 // childWritesBig writes 4 MiB of pattern, then waits to be killed.
