@@ -19,8 +19,9 @@ import (
 // This is how UCX and libfabric's shm provider progress too — in the
 // caller's thread, as it polls; the engine is for work nobody polls for.
 type engine struct {
-	mu      sync.Mutex // guards ready, stopped
+	mu      sync.Mutex // guards ready, aside, stopped and every QueuePair.inEngine
 	ready   []*QueuePair
+	aside   []*QueuePair // yielded to pollers: looked at again later
 	stopped bool
 	kick    chan struct{} // a queue pair was added, or stop
 	done    chan struct{}
@@ -49,7 +50,13 @@ func newEngine(d *Device) *engine {
 // qp.queued.
 func (e *engine) add(qp *QueuePair) {
 	e.mu.Lock()
-	e.ready = append(e.ready, qp)
+	// Once on a list: the engine may still hold a queue pair whose work a
+	// poller finished (aside, for as long as the poller polls); a second
+	// copy for each new batch of work would pile up there.
+	if !qp.inEngine {
+		qp.inEngine = true
+		e.ready = append(e.ready, qp)
+	}
 	e.mu.Unlock()
 	e.wake()
 }
@@ -63,7 +70,6 @@ func (e *engine) wake() {
 
 func (e *engine) run() {
 	defer close(e.done)
-	var aside []*QueuePair // yielded to pollers: looked at again later
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	backoff := engineYield
@@ -79,9 +85,10 @@ func (e *engine) run() {
 			e.ready[0] = nil
 			e.ready = e.ready[1:]
 		}
+		waiting := len(e.aside) > 0
 		e.mu.Unlock()
 		if qp == nil {
-			if len(aside) == 0 {
+			if !waiting {
 				<-e.kick
 				continue
 			}
@@ -93,25 +100,45 @@ func (e *engine) run() {
 				backoff = min(2*backoff, max(engineYieldMax, engineYield))
 			}
 			e.mu.Lock()
-			e.ready = append(e.ready, aside...)
+			e.ready = append(e.ready, e.aside...)
+			clear(e.aside)
+			e.aside = e.aside[:0]
 			e.mu.Unlock()
-			clear(aside)
-			aside = aside[:0]
 			continue
 		}
 		more, yielded := qp.engineTurn(false)
 		if !yielded {
 			backoff = engineYield
 		}
+		e.mu.Lock()
 		switch {
 		case yielded:
-			aside = append(aside, qp)
+			e.aside = append(e.aside, qp)
 		case more:
-			e.mu.Lock()
 			e.ready = append(e.ready, qp)
-			e.mu.Unlock()
+		default:
+			qp.inEngine = false
+		}
+		e.mu.Unlock()
+		if !more && !yielded && qp.sqLen.Load() > 0 {
+			// Work queued after the turn looked, whose add found the
+			// queue pair still ours.
+			e.add(qp)
 		}
 	}
+}
+
+// holds counts the engine's copies of qp on its lists (tests).
+func (e *engine) holds(qp *QueuePair) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, q := range append(e.ready[:len(e.ready):len(e.ready)], e.aside...) {
+		if q == qp {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *engine) stop() {

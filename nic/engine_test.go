@@ -7,11 +7,26 @@ import (
 	"github.com/sandirect/sandirect/shm"
 )
 
+// queuedWrites is postQueuedWrites' set-up: post posts one more write.
+type queuedWrites struct {
+	a        *end
+	src, dst []byte
+	post     func(id uint64)
+}
+
 // postQueuedWrites holds the engine off for an hour after a poller's
 // turn, connects two devices waiting in mode, and posts ops RDMA Writes
 // of size bytes into the second's device memory, all queued (no inline
 // execution) in 64 KiB chunks.
 func postQueuedWrites(t *testing.T, mode shm.WaitMode, ops, size int) (a *end, src, dst []byte) {
+	w := newQueuedWrites(t, mode, size)
+	for i := range ops {
+		w.post(uint64(i))
+	}
+	return w.a, w.src, w.dst
+}
+
+func newQueuedWrites(t *testing.T, mode shm.WaitMode, size int) *queuedWrites {
 	t.Helper()
 	old := engineYield
 	engineYield = time.Hour
@@ -21,19 +36,19 @@ func postQueuedWrites(t *testing.T, mode shm.WaitMode, ops, size int) (a *end, s
 	cfg.InlineExec = 0
 	cfg.Chunk = 64 << 10
 	a, b := pair(t, &cfg, &cfg)
-	dst = alloc(t, b.d, size)
+	dst := alloc(t, b.d, size)
 	dmr := register(t, b.d, dst, AccessLocalWrite|AccessRemoteWrite)
-	src = make([]byte, size)
+	src := make([]byte, size)
 	for i := range src {
 		src[i] = byte(i * 13)
 	}
 	smr := register(t, a.d, src, 0)
-	for i := range ops {
-		if err := a.qp.PostSend(SendWR{ID: uint64(i), Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(dmr.Addr), RKey: dmr.RKey}); err != nil {
+	return &queuedWrites{a: a, src: src, dst: dst, post: func(id uint64) {
+		t.Helper()
+		if err := a.qp.PostSend(SendWR{ID: id, Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(dmr.Addr), RKey: dmr.RKey}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	return a, src, dst
+	}}
 }
 
 // TestPollerKeepsItsWork: once a poller of the send CQ runs a turn of a
@@ -96,5 +111,30 @@ func TestSleepingWaiterLeavesWork(t *testing.T) {
 	}
 	if st := a.qp.Stats(); st.EngineChunks == 0 {
 		t.Errorf("the engine ran no chunk for a sleeping waiter (%d by pollers)", st.PolledChunks)
+	}
+}
+
+// TestEngineHoldsOneCopy: a poller that finishes its queue pair's work,
+// again and again, while the engine holds the queue pair aside for it,
+// does not pile up copies of the queue pair on the engine's lists (one
+// per batch of work, kept for as long as the poller polls).
+func TestEngineHoldsOneCopy(t *testing.T) {
+	w := newQueuedWrites(t, shm.WaitBusyPoll, 64<<10)
+	a := w.a
+	var cs [1]Completion
+	for i := range 100 {
+		w.post(uint64(i)) // queued: the engine is told of it
+		deadline := time.Now().Add(10 * time.Second)
+		for a.scq.Poll(cs[:]) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("write %d: no completion after 10 s", i)
+			}
+		}
+		if cs[0].Status != StatusSuccess || cs[0].ID != uint64(i) {
+			t.Fatalf("write %d: completion %+v", i, cs[0])
+		}
+	}
+	if n := a.d.eng.holds(a.qp); n > 1 {
+		t.Errorf("the engine holds %d copies of the queue pair after 100 batches of work", n)
 	}
 }

@@ -101,10 +101,11 @@ type QueuePair struct {
 	peer           peerInfo
 
 	// Lock order: sqMu, then rqMu, then CQ locks.
-	sqMu   sync.Mutex // guards sq, queued, closed, out; held while an op runs
-	sq     []*sendOp
-	sqLen  atomic.Int32 // len(sq), for pollers that look without the lock
-	queued bool         // on the engine's list
+	sqMu     sync.Mutex // guards sq, queued, closed, out; held while an op runs
+	sq       []*sendOp
+	sqLen    atomic.Int32 // len(sq), for pollers that look without the lock
+	queued   bool         // has work for the engine (on its list, or to be)
+	inEngine bool         // on one of the engine's lists; guarded by the engine's mu
 	// polledAt is when a poller last ran a turn of queued work (monotonic
 	// nanoseconds since clockBase): the engine leaves the queue pair to its
 	// pollers for engineYield after that, without taking sqMu.
