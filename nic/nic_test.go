@@ -3,6 +3,7 @@ package nic
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,8 +77,11 @@ func TestRecvTooSmall(t *testing.T) {
 // TestRDMA runs RDMA Write and Read of several sizes against device memory
 // (the shared-segment path) and Go memory (the cross-memory path).
 func TestRDMA(t *testing.T) {
-	for _, mem := range []string{"segment", "cma"} {
-		t.Run(mem, func(t *testing.T) {
+	for _, name := range []string{"segment", "cma", "segment/nt", "segment/nt/device-local"} {
+		mem, _, _ := strings.Cut(name, "/")
+		nt := strings.Contains(name, "/nt")                  // WR.NonTemporal
+		devLocal := strings.HasSuffix(name, "/device-local") // local buffers in device memory
+		t.Run(name, func(t *testing.T) {
 			a, b := pair(t, nil, nil)
 			const size = 3<<20 + 123
 			var target []byte
@@ -87,17 +91,21 @@ func TestRDMA(t *testing.T) {
 				target = make([]byte, size)
 			}
 			tmr := register(t, b.d, target, AccessRemoteRead|AccessRemoteWrite|AccessLocalWrite)
-			src := make([]byte, size)
+			// dst has room for a read at an offset: the bytes around it
+			// must stay untouched.
+			src, dst := make([]byte, size), make([]byte, size+size/3)
+			if devLocal {
+				src, dst = alloc(t, a.d, size), alloc(t, a.d, size+size/3)
+			}
 			for i := range src {
 				src[i] = byte(i * 7)
 			}
-			dst := make([]byte, size)
 			smr := register(t, a.d, src, 0)
 			dmr := register(t, a.d, dst, AccessLocalWrite)
 			for _, n := range []int{1, 8, 4096, 100000, size} {
 				off := uint64(size - n)
 				clear(target)
-				if err := a.qp.PostSend(SendWR{ID: 1, Op: OpWrite, Local: src[:n], LKey: smr.LKey, Remote: uint64(tmr.Addr) + off, RKey: tmr.RKey}); err != nil {
+				if err := a.qp.PostSend(SendWR{ID: 1, Op: OpWrite, Local: src[:n], LKey: smr.LKey, Remote: uint64(tmr.Addr) + off, RKey: tmr.RKey, NonTemporal: nt}); err != nil {
 					t.Fatal(err)
 				}
 				if c := wait(t, a.scq); c.Status != StatusSuccess || c.Bytes != n {
@@ -107,14 +115,14 @@ func TestRDMA(t *testing.T) {
 					t.Fatalf("write %d: target differs", n)
 				}
 				clear(dst)
-				if err := a.qp.PostSend(SendWR{ID: 2, Op: OpRead, Local: dst[:n], LKey: dmr.LKey, Remote: uint64(tmr.Addr) + off, RKey: tmr.RKey}); err != nil {
+				if err := a.qp.PostSend(SendWR{ID: 2, Op: OpRead, Local: dst[n/3 : n/3+n], LKey: dmr.LKey, Remote: uint64(tmr.Addr) + off, RKey: tmr.RKey, NonTemporal: nt}); err != nil {
 					t.Fatal(err)
 				}
 				if c := wait(t, a.scq); c.Status != StatusSuccess || c.Bytes != n {
 					t.Fatalf("read %d: %+v", n, c)
 				}
-				if !bytes.Equal(dst[:n], src[:n]) {
-					t.Fatalf("read %d: data differs", n)
+				if !bytes.Equal(dst[n/3:n/3+n], src[:n]) || !bytes.Equal(dst[:n/3], make([]byte, n/3)) || !bytes.Equal(dst[n/3+n:], make([]byte, len(dst)-n/3-n)) {
+					t.Fatalf("read %d: data differs, or bytes around it were written", n)
 				}
 			}
 		})

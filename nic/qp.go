@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	imem "github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -48,6 +49,13 @@ type SendWR struct {
 	// status, and flushes the queue pair as usual. Useful for sends of at
 	// most MaxInline bytes, whose buffer is free when PostSend returns.
 	Unsignaled bool
+	// NonTemporal asks for the destination of an RDMA Read (Local) or
+	// Write (the peer's memory) to be written around the caches
+	// (non-temporal stores): for large transfers whose data nobody reads
+	// soon, where cached stores would read every destination line in
+	// first and evict what the caches hold. Cross-memory (CMA) transfers
+	// ignore it (the kernel copies).
+	NonTemporal bool
 }
 
 // RecvWR posts a buffer for one incoming send.
@@ -409,7 +417,7 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 		chunk := min(n-op.done, qp.dev.cfg.Chunk, budget)
 		local := wr.Local[op.done : op.done+chunk]
 		raddr := wr.Remote + uint64(op.done)
-		st, err := qp.copyChunk(wr.Op, local, op.mr, raddr, &op.ent)
+		st, err := qp.copyChunk(wr.Op, local, op.mr, raddr, &op.ent, wr.NonTemporal)
 		if err != nil {
 			return st, err, true
 		}
@@ -449,7 +457,7 @@ func (qp *QueuePair) sendNow(b []byte, mr *MemoryRegion, wait time.Time) (Status
 
 // copyChunk moves local, in region mr, to or from the peer's raddr, inside
 // entry e. The caller holds sqMu.
-func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr uint64, e *remoteEntry) (Status, error) {
+func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr uint64, e *remoteEntry, nt bool) (Status, error) {
 	if e.seg == noSegment {
 		var n int
 		var err error
@@ -476,19 +484,23 @@ func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr 
 		return StatusRemoteAccess, fmt.Errorf("region of segment %d at offset %d outside its %d bytes", e.seg, e.segOff, len(mem))
 	}
 	remote := mem[off : off+uint64(len(local))]
+	dst, src := local, remote
+	if op == OpWrite {
+		dst, src = remote, local
+	}
 	switch {
 	case qp.dev.owns(mr):
 		// Device memory and the peer's segment, which stays mapped while
 		// we hold sqMu: neither can vanish.
-		if op == OpWrite {
-			copy(remote, local)
+		if nt {
+			imem.CopyNT(dst, src)
 		} else {
-			copy(local, remote)
+			copy(dst, src)
 		}
-	case op == OpWrite:
-		err = safeCopy(remote, local)
+	case nt:
+		err = safeCopyNT(dst, src)
 	default:
-		err = safeCopy(local, remote)
+		err = safeCopy(dst, src)
 	}
 	if err != nil {
 		return StatusLocalAccess, err
@@ -497,8 +509,17 @@ func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr 
 }
 
 // safeCopy copies src to dst and turns a memory fault (a buffer that was
-// unmapped under us) into an error instead of a crash.
-func safeCopy(dst, src []byte) (err error) {
+// unmapped under us) into an error instead of a crash. tools/sdtrace
+// probes it (a message landing in a posted receive): it must stay a real
+// call.
+//
+//go:noinline
+func safeCopy(dst, src []byte) error { return safeCopyBy(dst, src, false) }
+
+// safeCopyNT is safeCopy with non-temporal stores (mem.CopyNT).
+func safeCopyNT(dst, src []byte) error { return safeCopyBy(dst, src, true) }
+
+func safeCopyBy(dst, src []byte, nt bool) (err error) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
@@ -510,7 +531,11 @@ func safeCopy(dst, src []byte) (err error) {
 			err = fmt.Errorf("memory fault during copy: %w", re)
 		}
 	}()
-	copy(dst, src)
+	if nt {
+		imem.CopyNT(dst, src)
+	} else {
+		copy(dst, src)
+	}
 	return nil
 }
 

@@ -212,3 +212,49 @@ func TestFreeBufferDuringWrite(t *testing.T) {
 		t.Fatalf("FreeBuffer after the write: %v", err)
 	}
 }
+
+// TestLargeReadsAroundCaches: a Read into a buffer of ntReadMin or more
+// takes its rendezvous data with non-temporal stores (BytesDirectNT), a
+// smaller one through the caches, and every byte arrives either way.
+func TestLargeReadsAroundCaches(t *testing.T) {
+	c, s := pipe(t, nil, nil)
+	const size = 3 * ntReadMin
+	msg := make([]byte, size)
+	fillPattern(msg, 5)
+	wrote := make(chan error, 1)
+	go func() {
+		for range 2 {
+			if _, err := c.Write(msg); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	got := make([]byte, size)
+	if _, err := io.ReadFull(s, got); err != nil { // large Reads
+		t.Fatal(err)
+	}
+	st := s.(*Conn).Stats()
+	if !bytes.Equal(got, msg) {
+		t.Fatal("large reads: bytes differ")
+	}
+	if st.BytesDirectNT == 0 || st.BytesDirectNT > st.BytesDirect {
+		t.Fatalf("large reads: %d bytes direct, %d of them non-temporal; want some", st.BytesDirect, st.BytesDirectNT)
+	}
+	small := make([]byte, ntReadMin/2)
+	for off := 0; off < size; off += len(small) { // small Reads
+		if _, err := io.ReadFull(s, small); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(small, msg[off:off+len(small)]) {
+			t.Fatalf("small reads: bytes at %d differ", off)
+		}
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if st2 := s.(*Conn).Stats(); st2.BytesDirectNT != st.BytesDirectNT {
+		t.Errorf("Reads of %d bytes took %d bytes around the caches; want none", len(small), st2.BytesDirectNT-st.BytesDirectNT)
+	}
+}

@@ -147,6 +147,7 @@ type rxEntry struct {
 type recvOp struct {
 	active    bool
 	direct    bool // into the Read's buffer (else the staging buffer)
+	nt        bool // written around the caches (SendWR.NonTemporal)
 	read      bool
 	id        uint32
 	off, n    uint32 // the chunk: offset in the transfer and length

@@ -68,6 +68,7 @@ func snapshotStats(emit func(group, name string, v uint64)) {
 	e("bytes_zero_copy", c.BytesZeroCopy)
 	e("bytes_copied", c.BytesCopied)
 	e("bytes_direct", c.BytesDirect)
+	e("bytes_direct_nt", c.BytesDirectNT)
 	e("bytes_staged", c.BytesStaged)
 	e("bytes_read", c.BytesRead)
 	e("rendezvous", c.Rendezvous)

@@ -22,6 +22,7 @@ type Counters struct {
 	BytesCopied          uint64
 	BytesCopiedNT        uint64 // of BytesCopied: copied around the caches (pieceCopier)
 	BytesDirect          uint64 // rendezvous bytes received into the Read's own buffer
+	BytesDirectNT        uint64 // of BytesDirect: written around the caches (Reads of at least 2 MiB)
 	BytesStaged          uint64 // rendezvous bytes received through a staging buffer
 	BytesRead            uint64 // bytes returned by Read
 
@@ -59,6 +60,7 @@ const (
 	cBytesCopied
 	cBytesCopiedNT
 	cBytesDirect
+	cBytesDirectNT
 	cBytesStaged
 	cBytesRead
 	cRendezvous
@@ -144,7 +146,7 @@ func (s *stats) snapshot() Counters {
 		BytesEager: v(cBytesEager), BytesInline: v(cBytesInline),
 		BytesReadRendezvous: v(cBytesReadRdv), BytesWriteRendezvous: v(cBytesWriteRdv),
 		BytesZeroCopy: v(cBytesZeroCopy), BytesCopied: v(cBytesCopied), BytesCopiedNT: v(cBytesCopiedNT),
-		BytesDirect: v(cBytesDirect), BytesStaged: v(cBytesStaged), BytesRead: v(cBytesRead),
+		BytesDirect: v(cBytesDirect), BytesDirectNT: v(cBytesDirectNT), BytesStaged: v(cBytesStaged), BytesRead: v(cBytesRead),
 		Rendezvous: v(cRendezvous), CopyChosen: v(cCopyChosen), ZeroChosen: v(cZeroChosen),
 		CopyNewBuffer: v(cCopyNewBuffer), CopyPeerStages: v(cCopyPeerStages), ZeroShared: v(cZeroShared),
 		Fallbacks: v(cFallbacks), RDMAReads: v(cRDMAReads), RDMAWrites: v(cRDMAWrites),
