@@ -35,6 +35,11 @@ package main
 // and merged in (shmipc.go). Memory per idle connection of ours closes the
 // suite (connIdle).
 //
+// The stream targets divide by single-core copy() of the same size
+// measured in chunks between the stream's own, on the same thread
+// (transport memcpy@NAME): measured minutes apart in the floor suite, a
+// 16 MiB copy() moved by half.
+//
 // SANDIRECT_BENCH_CONN=NAME measures only the transport NAME (and
 // shmipc-go and the idle memory, which have their own steps).
 //
@@ -105,9 +110,9 @@ func init() {
 				target{name: fmt.Sprintf("%s stream %s / unix", mode, fsize(size)),
 					num: recordKey{"conn", "stream", mode, size, metricBW},
 					den: recordKey{"conn", "stream", "unix", size, metricBW}, limit: 3, ceiling: ceiling},
-				target{name: fmt.Sprintf("%s stream %s / memcpy", mode, fsize(size)),
+				target{name: fmt.Sprintf("%s stream %s / memcpy (interleaved)", mode, fsize(size)),
 					num: recordKey{"conn", "stream", mode, size, metricBW},
-					den: recordKey{"floor", "copy", "memcpy", size, metricBW}, limit: 0.6, ceiling: ceiling})
+					den: recordKey{"conn", "stream", copyRefTransport(mode), size, metricBW}, limit: 0.6, ceiling: ceiling})
 		}
 	}
 	goals = append(goals, goal{name: "sockets idle connection, KiB (both ends)",
@@ -125,6 +130,9 @@ type connTransport struct {
 	// transport pays a cross-CPU wake-up per message and, behind Go's
 	// netpoller, a hand-off to the locked thread).
 	busy bool
+	// copyRef: its streams of copyRefSizes measure copy() between their
+	// chunks, their targets' reference (copyRefTransport).
+	copyRef bool
 	// listen returns the parent's listener; its address goes to the peer.
 	listen func(ctx context.Context, name string) (connListener, error)
 	// dial connects the peer to addr.
@@ -150,15 +158,15 @@ var connTransports = []*connTransport{
 		},
 		dial: dialNet("tcp")},
 	{name: "pipe", listen: listenPipe, dial: dialPipe},
-	{name: "sockets/busy", busy: true,
+	{name: "sockets/busy", busy: true, copyRef: true,
 		listen: listenSockets("sandirect", shm.WaitBusyPoll, false),
 		dial:   dialSockets("sandirect", shm.WaitBusyPoll, false)},
-	{name: "sockets/block",
+	{name: "sockets/block", copyRef: true,
 		listen: listenSockets("sandirect", shm.WaitBlock, false),
 		dial:   dialSockets("sandirect", shm.WaitBlock, false)},
 	// sockets/busy with every message written from a buffer of
 	// sockets.AllocBuffer, which the peer reads in place (sharedConn).
-	{name: "sockets/busy+shared", busy: true,
+	{name: "sockets/busy+shared", busy: true, copyRef: true,
 		listen: sharedListener(listenSockets("sandirect", shm.WaitBusyPoll, false)),
 		dial:   sharedDialer(dialSockets("sandirect", shm.WaitBusyPoll, false))},
 	// Our TCP path, not shared memory: "tcp" to loopback with ForceTCP.
@@ -467,7 +475,15 @@ func connRows(env *Env) int {
 	if slices.Contains(ping, blockRefSize) {
 		ref = 2
 	}
-	return (len(connTransports)+1)*(len(ping)+len(stream)) + 1 + ref // + shmipc, + idle memory
+	copies := 0 // the interleaved copy() references
+	for _, t := range connTransports {
+		for _, s := range stream {
+			if t.copyRef && slices.Contains(copyRefSizes, s) {
+				copies++
+			}
+		}
+	}
+	return (len(connTransports)+1)*(len(ping)+len(stream)) + 1 + ref + copies // + shmipc, + idle memory
 }
 
 func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
@@ -686,9 +702,18 @@ func connMeasure(ctx context.Context, env *Env, p *peer, ref *floorRef, t *connT
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			var bw bwSpread
+			var bw, refBW bwSpread
+			var ref func(time.Duration) float64
+			if t.copyRef && slices.Contains(copyRefSizes, size) {
+				// The target's reference, single-core copy() of the same
+				// size, in chunks between the stream's on this thread:
+				// measured apart (the floor suite), a 16 MiB copy() moved
+				// by half between minutes here.
+				src, dst := newMessage(size), newMessage(size)
+				ref = func(d time.Duration) float64 { return copyFor(d, dst, src) }
+			}
 			err := row(func() (err error) {
-				bw, err = connStream(a.c, size, env.plan.bwTime, env.plan.bwChunks)
+				bw, refBW, err = connStream(a.c, size, env.plan.bwTime, env.plan.bwChunks, ref)
 				return err
 			})
 			if err != nil {
@@ -696,6 +721,10 @@ func connMeasure(ctx context.Context, env *Env, p *peer, ref *floorRef, t *connT
 			}
 			recs = append(recs, env.Report(Result{Case: "stream", Transport: t.name, Size: size, HasBW: true,
 				BW: bw.P50, BWMin: bw.Min, BWMax: bw.Max, Rate: bw.P50 * 1e3 / float64(size), Preempted: preempt})...)
+			if ref != nil {
+				recs = append(recs, env.Report(Result{Case: "stream", Transport: copyRefTransport(t.name), Size: size, HasBW: true,
+					BW: refBW.P50, BWMin: refBW.Min, BWMax: refBW.Max, Rate: refBW.P50 * 1e3 / float64(size), Preempted: -1})...)
+			}
 		}
 		return writeHeader(a.c, connOpEnd, 0)
 	})
@@ -819,13 +848,17 @@ func spreadOf(gbps []float64) bwSpread {
 
 // connStream streams size-byte messages: a warm-up chunk, then chunks
 // chunks of about total/chunks each, every chunk ended by the peer's ack.
-func connStream(c io.ReadWriter, size int, total time.Duration, chunks int) (bwSpread, error) {
+//
+// With ref set, each chunk after the warm-up is followed by ref for as
+// long, whose spread it returns too: a reference measured in the same
+// minutes.
+func connStream(c io.ReadWriter, size int, total time.Duration, chunks int, ref func(time.Duration) float64) (bw, refBW bwSpread, err error) {
 	if err := writeHeader(c, connOpStream, size); err != nil {
-		return bwSpread{}, err
+		return bwSpread{}, bwSpread{}, err
 	}
 	out, err := messageFor(c, size)
 	if err != nil {
-		return bwSpread{}, err
+		return bwSpread{}, bwSpread{}, err
 	}
 	var ack [8]byte
 	seq := uint64(0)
@@ -862,9 +895,9 @@ func connStream(c io.ReadWriter, size int, total time.Duration, chunks int) (bwS
 	per := total / time.Duration(max(1, chunks))
 	warmMsgs := max(connChunkMin, min(connWarmBytes/size, 1000))
 	if _, err := chunk(per/2, warmMsgs, 0); err != nil {
-		return bwSpread{}, fmt.Errorf("warm-up: %w", err)
+		return bwSpread{}, bwSpread{}, fmt.Errorf("warm-up: %w", err)
 	}
-	var gbps []float64
+	var gbps, refs []float64
 	for i := range chunks {
 		var flags uint64
 		if i == chunks-1 {
@@ -872,11 +905,31 @@ func connStream(c io.ReadWriter, size int, total time.Duration, chunks int) (bwS
 		}
 		bw, err := chunk(per, connChunkMin, flags)
 		if err != nil {
-			return bwSpread{}, err
+			return bwSpread{}, bwSpread{}, err
 		}
 		gbps = append(gbps, bw)
+		if ref != nil {
+			refs = append(refs, ref(per))
+		}
 	}
-	return spreadOf(gbps), peerPreemptions(c)
+	if ref != nil {
+		refBW = spreadOf(refs)
+	}
+	return spreadOf(gbps), refBW, peerPreemptions(c)
+}
+
+// copyRefSizes are the stream sizes whose targets divide by copy():
+// streams of ours at these sizes measure it in the same minutes.
+var copyRefSizes = []int{miB, 4 * miB, 16 * miB}
+
+// copyRefTransport is the name of the copy() reference measured with
+// transport t's streams.
+func copyRefTransport(t string) string { return "memcpy@" + t }
+
+// isReference tells whether a conn row is an interleaved reference rather
+// than a transport: left out of the side-by-side table and drawn apart.
+func isReference(transport string) bool {
+	return floorTransports[transport] || strings.HasPrefix(transport, "memcpy@")
 }
 
 // connPeer serves one connection per command.

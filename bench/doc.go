@@ -57,9 +57,11 @@
 // Transports: cacheline, futex, futex/unpinned, futexcond/unpinned, memcpy,
 // pipeline/cached, pipeline/nt, pipeline/best, ring/busy,
 // ring/block, nic/shm, nic/cma, cma/raw, pin/…, unix, tcp, pipe,
-// sockets/busy, sockets/block, sockets/forcetcp (until 2026-11 this row was
-// sockets/tcp, a tcp address that the dialer routed over shared memory),
-// shmipc. Other tools read these
+// sockets/busy, sockets/block, sockets/busy+shared, sockets/forcetcp (until
+// 2026-11 this row was sockets/tcp, a tcp address that the dialer routed
+// over shared memory), shmipc; the interleaved copy() references memcpy
+// (rdma suite, beside nic/shm's bandwidth) and memcpy@TRANSPORT (conn
+// suite, beside that transport's 1, 4 and 16 MiB streams). Other tools read these
 // names: keep them stable.
 //
 // # Adding a suite

@@ -68,7 +68,7 @@ func collectSeries(recs []Record, suite string, kind panelKind) []*series {
 		if r.Suite != suite || r.Metric != kind.metric || r.Size <= 0 || !(r.Value > 0) {
 			continue
 		}
-		if suite != "floor" && floorTransports[r.Transport] {
+		if suite != "floor" && isReference(r.Transport) {
 			continue // an interleaved reference: drawn as one (references)
 		}
 		k := key{r.Case, r.Transport}

@@ -214,7 +214,7 @@ func printSideBySide(w io.Writer, recs []Record) {
 	}
 	var transports []string
 	for _, r := range recs {
-		if r.Suite == "conn" && r.Case != "idle" && !floorTransports[r.Transport] && !slices.Contains(transports, r.Transport) {
+		if r.Suite == "conn" && r.Case != "idle" && !isReference(r.Transport) && !slices.Contains(transports, r.Transport) {
 			transports = append(transports, r.Transport)
 		}
 	}
