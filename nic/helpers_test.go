@@ -1,11 +1,16 @@
 package nic
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 var addrSeq atomic.Int64
@@ -97,4 +102,34 @@ func alloc(t testing.TB, d *Device, n int) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// sendCM writes raw connection-manager messages (type, index) on a's
+// connection socket, as a peer of ours never would.
+func sendCM(t testing.TB, a *end, typ uint32, idx ...uint32) {
+	t.Helper()
+	var msg [cmMsgSize]byte
+	binary.LittleEndian.PutUint32(msg[0:], typ)
+	a.qp.connMu.Lock()
+	defer a.qp.connMu.Unlock()
+	for i, x := range idx {
+		binary.LittleEndian.PutUint32(msg[4:], x)
+		if err := sys.SendFds(a.qp.conn, msg[:]); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+}
+
+// awaitProtocolError waits for b's connection reader to stop and checks
+// that b failed with a protocol error that says what.
+func awaitProtocolError(t testing.TB, b *end, what string) {
+	t.Helper()
+	select {
+	case <-b.qp.readerDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queue pair still reads announcements after 10 s")
+	}
+	if err := b.qp.Err(); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), what) {
+		t.Fatalf("queue pair error %v, want a protocol error about %q", err, what)
+	}
 }

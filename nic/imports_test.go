@@ -2,13 +2,9 @@ package nic
 
 import (
 	"bytes"
-	"encoding/binary"
-	"errors"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/internal/testutil"
 )
 
@@ -175,23 +171,8 @@ func TestFreedSegmentUnmappedByPeer(t *testing.T) {
 // announced is a protocol error.
 func TestSegDelOfUnknownSegment(t *testing.T) {
 	a, b := pair(t, nil, nil)
-	var msg [cmMsgSize]byte
-	binary.LittleEndian.PutUint32(msg[0:], cmSegDel)
-	binary.LittleEndian.PutUint32(msg[4:], 777)
-	a.qp.connMu.Lock()
-	err := sys.SendFds(a.qp.conn, msg[:])
-	a.qp.connMu.Unlock()
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-b.qp.readerDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the queue pair still reads announcements after 10 s")
-	}
-	if err := b.qp.Err(); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "never announced") {
-		t.Fatalf("queue pair error %v, want a protocol error about the unknown segment", err)
-	}
+	sendCM(t, a, cmSegDel, 777)
+	awaitProtocolError(t, b, "never announced")
 }
 
 // memFiles counts the device memory files among /proc/self/maps lines (a

@@ -3,7 +3,6 @@ package nic
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/internal/testutil"
 )
 
@@ -132,25 +130,12 @@ func TestDeviceMemoryScopedByUID(t *testing.T) {
 // its queue pair with a protocol error instead of growing our memory.
 func TestPeerSegmentAnnouncementsBounded(t *testing.T) {
 	a, b := pair(t, nil, nil)
-	var msg [cmMsgSize]byte
-	binary.LittleEndian.PutUint32(msg[0:], cmSegDeny)
-	a.qp.connMu.Lock()
-	for i := range maxPeerSegments + 1 {
-		binary.LittleEndian.PutUint32(msg[4:], uint32(1000+i))
-		if err := sys.SendFds(a.qp.conn, msg[:]); err != nil {
-			a.qp.connMu.Unlock()
-			t.Fatalf("announcement %d: %v", i, err)
-		}
+	idx := make([]uint32, maxPeerSegments+1)
+	for i := range idx {
+		idx[i] = uint32(1000 + i)
 	}
-	a.qp.connMu.Unlock()
-	select {
-	case <-b.qp.readerDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the queue pair still reads announcements after 10 s")
-	}
-	if err := b.qp.Err(); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "memory segments announced") {
-		t.Fatalf("queue pair error %v, want a protocol error about the segments", err)
-	}
+	sendCM(t, a, cmSegDeny, idx...)
+	awaitProtocolError(t, b, "memory segments announced")
 	b.qp.peer.segMu.Lock()
 	n := len(b.qp.peer.segs)
 	b.qp.peer.segMu.Unlock()
