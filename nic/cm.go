@@ -329,7 +329,8 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		return nil, err
 	}
 	capacity := d.cfg.RingCapacity
-	seg, err := shm.CreateSegment("qp", kindQP, qpSegmentSize(capacity))
+	// Lazy: an idle connection touches a page or two of its rings.
+	seg, err := shm.CreateSegmentLazy("qp", kindQP, qpSegmentSize(capacity))
 	if err != nil {
 		return nil, err
 	}
@@ -343,7 +344,7 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := shm.InitRing(r, capacity); err != nil {
+		if err := shm.InitZeroedRing(r, capacity); err != nil { // a fresh segment
 			return nil, err
 		}
 	}
@@ -406,7 +407,7 @@ func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, ta
 		releaseImport(tseg)
 		return nil, err
 	}
-	seg, err := shm.OpenSegment(qpFd, kindQP, qpSegmentSize(capacity))
+	seg, err := shm.OpenSegmentLazy(qpFd, kindQP, qpSegmentSize(capacity))
 	if err != nil {
 		releaseImport(tseg)
 		return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)

@@ -186,3 +186,20 @@ func memFiles(mappings []string) int {
 	}
 	return len(inodes)
 }
+
+// TestQueuePairMemoryLazy: a connected, idle queue pair's rings take
+// memory for the pages it touched, not the whole segment, on either side
+// (shm.CreateSegmentLazy, OpenSegmentLazy).
+func TestQueuePairMemoryLazy(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	size := len(a.qp.seg.Bytes())
+	for _, e := range []*end{a, b} {
+		n, err := testutil.ResidentKiB(e.qp.seg.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n*1024 >= size/2 {
+			t.Errorf("an idle queue pair's segment: %d KiB of %d resident", n, size/1024)
+		}
+	}
+}

@@ -6,7 +6,8 @@
 // # Segments
 //
 // A Segment is a memfd sealed against shrinking and growing before any peer
-// sees it, mapped MAP_SHARED and pre-faulted. It travels to a peer as an fd
+// sees it, mapped MAP_SHARED and pre-faulted (or not: CreateSegmentLazy,
+// OpenSegmentLazy, for memory that stays mostly untouched). It travels to a peer as an fd
 // over a Unix socket (SCM_RIGHTS). The receiver checks the seals, the size
 // and the header before it trusts the mapping: an unsealed fd could be
 // truncated under us and kill the process with SIGBUS.

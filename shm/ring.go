@@ -16,6 +16,28 @@ import (
 // region, which must be 128-byte aligned and at least RingSize(capacity)
 // long. Only the ring's creator calls it, before any peer attaches.
 func InitRing(region []byte, capacity int) error {
+	if err := checkRingRegion(region, capacity); err != nil {
+		return err
+	}
+	clear(region[:RingSize(capacity)])
+	writeRingHeader(region, capacity)
+	return nil
+}
+
+// InitZeroedRing is InitRing for a region that is all zero already — fresh
+// pages of a new segment (CreateSegment): it writes the header alone and
+// leaves the data area's pages untouched, so that they take memory only
+// once records reach them (a connection's rings are mostly idle: clearing
+// both faulted in 128 KiB a connection that nothing else touched).
+func InitZeroedRing(region []byte, capacity int) error {
+	if err := checkRingRegion(region, capacity); err != nil {
+		return err
+	}
+	writeRingHeader(region, capacity)
+	return nil
+}
+
+func checkRingRegion(region []byte, capacity int) error {
 	if capacity < MinRingCapacity || capacity > MaxRingCapacity || capacity&(capacity-1) != 0 {
 		return fmt.Errorf("shm: ring capacity %d is not a power of two in [%d, %d]", capacity, MinRingCapacity, MaxRingCapacity)
 	}
@@ -25,11 +47,13 @@ func InitRing(region []byte, capacity int) error {
 	if uintptr(unsafe.Pointer(unsafe.SliceData(region)))%lineSize != 0 {
 		return fmt.Errorf("shm: ring region not %d-byte aligned", lineSize)
 	}
-	clear(region[:RingSize(capacity)])
+	return nil
+}
+
+func writeRingHeader(region []byte, capacity int) {
 	store32(word32(region, ringMagicOff), ringMagic)
 	store32(word32(region, ringVersionOff), ringVersion)
 	store64(word64(region, ringCapacityOff), uint64(capacity))
-	return nil
 }
 
 // ring is what both sides share: the validated geometry, private copies of

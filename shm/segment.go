@@ -40,7 +40,15 @@ type Segment struct {
 // pre-faulted, with its header written. name appears in /proc/PID/maps as
 // "memfd:sandirect:NAME"; nothing is created in any file system.
 func CreateSegment(name string, kind uint32, size int) (*Segment, error) {
-	return createSegment(name, kind, size, 0)
+	return createSegment(name, kind, size, 0, true)
+}
+
+// CreateSegmentLazy is CreateSegment without pre-faulting: a page takes
+// memory when it is first touched, here or in a peer that maps the segment
+// with OpenSegmentLazy. For memory that stays mostly untouched, such as a
+// connection's rings: an idle connection touches a page or two of them.
+func CreateSegmentLazy(name string, kind uint32, size int) (*Segment, error) {
+	return createSegment(name, kind, size, 0, false)
 }
 
 // CreateReadOnlySegment is CreateSegment for memory peers must only read,
@@ -48,10 +56,10 @@ func CreateSegment(name string, kind uint32, size int) (*Segment, error) {
 // alone, and whoever receives its fd can map it for reading, never for
 // writing (F_SEAL_FUTURE_WRITE, set before F_SEAL_SEAL; Linux 5.1).
 func CreateReadOnlySegment(name string, kind uint32, size int) (*Segment, error) {
-	return createSegment(name, kind, size, sys.SealFutureWrite)
+	return createSegment(name, kind, size, sys.SealFutureWrite, true)
 }
 
-func createSegment(name string, kind uint32, size int, extraSeals int) (*Segment, error) {
+func createSegment(name string, kind uint32, size int, extraSeals int, populate bool) (*Segment, error) {
 	if size < SegmentHeaderSize || size > MaxSegmentSize {
 		return nil, fmt.Errorf("shm: segment size %d outside [%d, %d]", size, SegmentHeaderSize, MaxSegmentSize)
 	}
@@ -66,7 +74,7 @@ func createSegment(name string, kind uint32, size int, extraSeals int) (*Segment
 	}
 	// Mapped before it is sealed: F_SEAL_FUTURE_WRITE leaves this mapping,
 	// and only this one, writable.
-	mem, err := sys.MapShared(fd, size, true)
+	mem, err := sys.MapShared(fd, size, populate)
 	if err != nil {
 		sys.Close(fd)
 		return nil, fmt.Errorf("shm: map segment: %w", err)
@@ -91,7 +99,18 @@ func createSegment(name string, kind uint32, size int, extraSeals int) (*Segment
 // [wantMin, MaxSegmentSize], or whose header does not match (magic, version,
 // kind, size).
 func OpenSegment(fd int, kind uint32, wantMin int) (*Segment, error) {
-	s, err := openSegment(fd, kind, wantMin, false)
+	return openSegmentFd(fd, kind, wantMin, true)
+}
+
+// OpenSegmentLazy is OpenSegment without pre-faulting (CreateSegmentLazy):
+// a page takes memory when first touched, and a peer's segment costs us
+// nothing for the pages we never touch.
+func OpenSegmentLazy(fd int, kind uint32, wantMin int) (*Segment, error) {
+	return openSegmentFd(fd, kind, wantMin, false)
+}
+
+func openSegmentFd(fd int, kind uint32, wantMin int, populate bool) (*Segment, error) {
+	s, err := openSegment(fd, kind, wantMin, false, populate)
 	if err != nil {
 		sys.Close(fd)
 		return nil, err
@@ -99,7 +118,7 @@ func OpenSegment(fd int, kind uint32, wantMin int) (*Segment, error) {
 	return s, nil
 }
 
-func openSegment(fd int, kind uint32, wantMin int, readOnly bool) (*Segment, error) {
+func openSegment(fd int, kind uint32, wantMin int, readOnly, populate bool) (*Segment, error) {
 	seals, err := sys.GetSeals(fd)
 	if err != nil {
 		return nil, fmt.Errorf("%w: fd %d does not support seals (not a memfd?): %v", ErrBadSegment, fd, err)
@@ -124,7 +143,7 @@ func openSegment(fd int, kind uint32, wantMin int, readOnly bool) (*Segment, err
 	if readOnly {
 		mem, err = sys.MapSharedReadOnly(fd, int(st.Size))
 	} else {
-		mem, err = sys.MapShared(fd, int(st.Size), true)
+		mem, err = sys.MapShared(fd, int(st.Size), populate)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shm: map segment: %w", err)
@@ -277,7 +296,7 @@ func (s *Segment) File() (*os.File, error) {
 // (a table its owner writes): the mapping is PROT_READ, so not even a bug
 // here can write into it.
 func OpenSegmentReadOnly(fd int, kind uint32, wantMin int) (*Segment, error) {
-	s, err := openSegment(fd, kind, wantMin, true)
+	s, err := openSegment(fd, kind, wantMin, true, true)
 	if err != nil {
 		sys.Close(fd)
 		return nil, err

@@ -201,3 +201,48 @@ func TestSegmentAcrossProcesses(t *testing.T) {
 		t.Fatalf("segment holds %q", got)
 	}
 }
+
+// TestLazySegments: a lazy segment, created or opened, takes memory only
+// for the pages touched (its header's); CreateSegment and OpenSegment
+// fault every page in.
+func TestLazySegments(t *testing.T) {
+	const size = 1 << 20
+	page := sys.PageSize / 1024
+	lazy, err := CreateSegmentLazy(t.Name(), KindRings, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lazy.Close()
+	if got := resident(t, lazy.Bytes()); got > page {
+		t.Errorf("lazy segment of %d KiB: %d KiB resident, want the header's page", size/1024, got)
+	}
+	fd, err := sys.Dup(lazy.Fd())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened, err := OpenSegmentLazy(fd, KindRings, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opened.Close()
+	if got := resident(t, opened.Bytes()); got > page {
+		t.Errorf("lazily opened segment of %d KiB: %d KiB resident, want the header's page", size/1024, got)
+	}
+	opened.Bytes()[size-1] = 1 // one more page
+	if got := resident(t, opened.Bytes()); got > 2*page {
+		t.Errorf("after one write: %d KiB resident, want two pages", got)
+	}
+	full := newSegment(t, size)
+	if got := resident(t, full.Bytes()); got != size/1024 {
+		t.Errorf("CreateSegment of %d KiB: %d KiB resident, want all of it", size/1024, got)
+	}
+}
+
+func resident(t *testing.T, mem []byte) int {
+	t.Helper()
+	n, err := testutil.ResidentKiB(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

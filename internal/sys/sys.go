@@ -105,6 +105,21 @@ func Madvise(addr, length uintptr, advice int) error {
 	return errnoErr(e)
 }
 
+// Mincore reports, one byte per page of b (page-aligned), whether the page
+// is resident: for a shared file mapping, whether the file has the page,
+// mapped here or not.
+func Mincore(b []byte) ([]byte, error) {
+	vec := make([]byte, (len(b)+PageSize-1)/PageSize)
+	if len(b) == 0 {
+		return vec, nil
+	}
+	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), uintptr(unsafe.Pointer(&vec[0])))
+	if err := errnoErr(e); err != nil {
+		return nil, err
+	}
+	return vec, nil
+}
+
 // Madvise advice values used by the project.
 const (
 	MadvDontfork       = unix.MADV_DONTFORK

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // Resources is a count of what a process holds that tests must give back.
@@ -71,4 +73,18 @@ func (r Resources) diff(now Resources) error {
 		return fmt.Errorf("%d leaked: %s", len(extra), strings.Join(extra, "; "))
 	}
 	return nil
+}
+
+// ResidentKiB returns how much of mem is resident (mincore): for a mapping
+// of shared memory, the pages its file holds, whoever touched them.
+func ResidentKiB(mem []byte) (int, error) {
+	vec, err := sys.Mincore(mem)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n * sys.PageSize / 1024, nil
 }
