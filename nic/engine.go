@@ -128,19 +128,6 @@ func (e *engine) run() {
 	}
 }
 
-// holds counts the engine's copies of qp on its lists (tests).
-func (e *engine) holds(qp *QueuePair) int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	n := 0
-	for _, q := range append(e.ready[:len(e.ready):len(e.ready)], e.aside...) {
-		if q == qp {
-			n++
-		}
-	}
-	return n
-}
-
 func (e *engine) stop() {
 	e.mu.Lock()
 	e.stopped = true

@@ -138,3 +138,16 @@ func TestEngineHoldsOneCopy(t *testing.T) {
 		t.Errorf("the engine holds %d copies of the queue pair after 100 batches of work", n)
 	}
 }
+
+// holds counts the engine's copies of qp on its lists.
+func (e *engine) holds(qp *QueuePair) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, q := range append(e.ready[:len(e.ready):len(e.ready)], e.aside...) {
+		if q == qp {
+			n++
+		}
+	}
+	return n
+}
