@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandirect/sandirect/internal/testutil"
 )
@@ -63,6 +64,11 @@ func TestPeerSegmentsMappedOnce(t *testing.T) {
 		if c := wait(t, scq); c.Status != StatusSuccess || !bytes.Equal(dst[off:off+4096], src) {
 			t.Fatalf("RDMA Write over queue pair %d: %+v", i, c)
 		}
+	}
+	// b's memory segment is announced to every queue pair of a too, which
+	// need not have mapped it yet (its fd open meanwhile): wait for that.
+	for _, qa := range qas {
+		awaitPeerSegments(t, qa, 1)
 	}
 	// Both tables and both memory segments: four peer mappings in all.
 	if got := importedSegments() - imported; got != 4 {
@@ -200,6 +206,29 @@ func TestQueuePairMemoryLazy(t *testing.T) {
 		}
 		if n*1024 >= size/2 {
 			t.Errorf("an idle queue pair's segment: %d KiB of %d resident", n, size/1024)
+		}
+	}
+}
+
+// awaitPeerSegments waits until qp has mapped n memory segments its peer
+// announced (10 s at most).
+func awaitPeerSegments(t *testing.T, qp *QueuePair, n int) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		qp.peer.segMu.Lock()
+		got, changed := len(qp.peer.segs), qp.peer.segChanged
+		qp.peer.segMu.Unlock()
+		if got >= n {
+			return
+		}
+		if changed == nil {
+			t.Fatalf("queue pair failed with %d of %d peer segments", got, n)
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("%d of %d peer segments after 10 s", got, n)
 		}
 	}
 }

@@ -709,6 +709,12 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		if len(rec.Data) > len(r.Buf) {
 			c.Status, c.Bytes = StatusLocalLength, 0
 			c.Reason = fmt.Errorf("message of %d bytes, buffer of %d", len(rec.Data), len(r.Buf))
+		} else if r.mr != nil && qp.dev.regs[r.mr.idx].Load() != r.mr {
+			// Deregistered since it was posted: the memory may be unmapped,
+			// and its addresses mapped again by something else, where a
+			// copy would not fault.
+			c.Status, c.Bytes = StatusLocalAccess, 0
+			c.Reason = fmt.Errorf("receive buffer's region was deregistered")
 		} else if qp.dev.owns(r.mr) {
 			copy(r.Buf, rec.Data) // device memory to ring: neither can vanish
 		} else if err := safeCopy(r.Buf, rec.Data); err != nil {
