@@ -66,6 +66,19 @@ type Config struct {
 	// one before. Measured here (TestStreamCPU, docs/protocol.md), copies
 	// stream 2-4x faster than the cross-memory read of a zero-copy source.
 	ZeroCopyMax int
+	// SplitMin: a zero-copy read rendezvous of at least this many bytes,
+	// from a buffer the application reuses, is offered to the peer as a
+	// split transfer (protocol version 3): the peer RDMA-Reads the first
+	// half into its Read buffer while we RDMA-Write the second half into
+	// it, each side one copy of half the bytes, both cores at once. Only
+	// when both buffers are in huge pages, which we ask the kernel for
+	// (sys.CollapseHuge): a cross-process copy pins the other side's
+	// pages one by one, and with 4 KiB pages that is slower than copying
+	// twice through shared memory. On the receiving side it is the
+	// smallest transfer this side splits. Default 2 MiB; negative: never
+	// (neither offered nor accepted). See docs/protocol.md, "Split
+	// transfers".
+	SplitMin int
 	// CopyChunk is the largest rendezvous of copied data (one temporary
 	// buffer). Default 960 KiB: below the 1 MiB from which Go's copy
 	// bypasses the caches, so the reader finds each piece in cache.
@@ -127,6 +140,7 @@ func DefaultConfig() Config {
 		MaxTransfer:      16 << 20,
 		CopyThreshold:    256 << 10,
 		ZeroCopyMax:      0,
+		SplitMin:         2 << 20,
 		CopyChunk:        960 << 10,
 		MaxCopyInFlight:  4 << 20,
 		TempMemory:       64 << 20,
@@ -147,6 +161,7 @@ const (
 	minWindow     = 4
 	maxWindow     = 1024
 	maxTransfer   = 1 << 30
+	minSplit      = 8 << 10 // two pages: a head and a tail
 )
 
 // withDefaults fills zero fields with their defaults.
@@ -164,6 +179,7 @@ func (c Config) withDefaults() Config {
 	set(&c.MaxTransfer, d.MaxTransfer)
 	set(&c.CopyThreshold, d.CopyThreshold)
 	set(&c.ZeroCopyMax, d.ZeroCopyMax)
+	set(&c.SplitMin, d.SplitMin)
 	set(&c.CopyChunk, d.CopyChunk)
 	set(&c.MaxCopyInFlight, d.MaxCopyInFlight)
 	set(&c.TempMemory, d.TempMemory)
@@ -209,6 +225,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: negative copy limit", ErrConfig)
 	case c.ZeroCopyMax != 0 && c.ZeroCopyMax < c.CopyThreshold:
 		return fmt.Errorf("%w: ZeroCopyMax %d below CopyThreshold %d", ErrConfig, c.ZeroCopyMax, c.CopyThreshold)
+	case c.SplitMin > 0 && c.SplitMin < minSplit:
+		return fmt.Errorf("%w: SplitMin %d below %d", ErrConfig, c.SplitMin, minSplit)
 	case c.StagingSize < 4096 || c.StagingSize > maxTransfer:
 		return fmt.Errorf("%w: StagingSize %d outside [4096, %d]", ErrConfig, c.StagingSize, maxTransfer)
 	case c.DirectRead < 1:

@@ -117,6 +117,12 @@ type session struct {
 	// write's buffer, and whether this write reuses it.
 	lastWrite, lastWriteLen uintptr
 	reused                  bool
+	// Split transfers: the peer did not split our last offer, so offer
+	// none before this; and the last source and Read buffer found in huge
+	// pages (sys.CollapseHuge need not be asked again).
+	noSplitUntil     time.Time
+	hugeSrc, hugeDst span
+	lastRead         span // the last direct Read's buffer (splitsLocked)
 
 	// Terminal state.
 	err       error // the connection failed: abort (ours) or reset (the peer's)
@@ -129,6 +135,15 @@ type session struct {
 	torn      bool  // registrations released
 }
 
+// span is a range of memory [addr, addr+n).
+type span struct{ addr, n uintptr }
+
+// covers reports whether b lies inside s.
+func (s span) covers(b []byte) bool {
+	a := mem.Addr(b)
+	return s.n > 0 && a >= s.addr && a+uintptr(len(b)) <= s.addr+s.n
+}
+
 // rxEntry is one received message that the application has not read.
 type rxEntry struct {
 	kind msgType // msgData, msgRTS or msgFin
@@ -139,6 +154,7 @@ type rxEntry struct {
 	size, off  uint32 // rendezvous bytes, and how many were taken
 	read       bool   // read rendezvous
 	staged     bool   // some of it came through the staging buffer
+	split      bool   // the sender offers to split it (flagSplit)
 	addr, rkey uint64 // the source (read rendezvous)
 }
 
@@ -155,6 +171,13 @@ type recvOp struct {
 	done      bool // completed: the RDMA Read finished, or done arrived
 	cancelled bool // the sender cancelled the transfer instead
 	err       error
+	// A split transfer (read rendezvous, flagSplit): we RDMA-Read the
+	// head, [off, tailOff), and the sender RDMA-Writes the tail,
+	// [tailOff, +tailLen), into the same registration; done is both.
+	split            bool
+	readDone         bool // our RDMA Read of the head completed
+	tailDone         bool // the sender's done for the tail arrived
+	tailOff, tailLen uint32
 }
 
 // txfer is one rendezvous we send.
@@ -180,6 +203,11 @@ type txfer struct {
 	off            uint32 // bytes written
 	writing        bool   // an RDMA Write is in flight
 	werr           error
+	// split transfer (a zero-copy read rendezvous offered with flagSplit):
+	// the peer may ask for one tail with a cts, which we then write.
+	split     bool
+	tailAsked bool // the peer's cts for the tail arrived
+	tailSent  bool // the tail's RDMA Write posted and its done queued
 }
 
 // ctlMsg is a control message waiting for a credit.

@@ -78,6 +78,12 @@ const (
 	// are smaller than its DirectRead — so a source registered in place
 	// would not reach the application's buffer in one copy.
 	flagStaged = 1 << 1
+	// flagSplit (version 3) splits a read rendezvous between the two
+	// sides. On an rts: the source is registered in place and the sender
+	// will also RDMA-Write one tail of it into the receiver's buffer. On a
+	// cts: that tail's sink (offset > 0, reaching the end of the
+	// transfer). On a done from the sender: the tail is written.
+	flagSplit = 1 << 2
 )
 
 // hello payload:
@@ -106,7 +112,7 @@ const (
 // Protocol versions this implementation speaks.
 const (
 	protoMinVersion = 1
-	protoMaxVersion = 2 // 2: done may carry flagStaged
+	protoMaxVersion = 3 // 2: done may carry flagStaged; 3: split transfers (flagSplit)
 )
 
 // header is a control message's fixed-size header. Its accessors read
@@ -177,7 +183,7 @@ func parseMessage(b []byte) (h header, payload []byte, err error) {
 		err = zero("flags/id/size/offset/addr/rkey", uint64(h.Flags()), uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()), h.Addr(), h.RKey())
 	case msgRTS:
 		switch {
-		case h.Flags()&^flagRead != 0:
+		case h.Flags()&^(flagRead|flagSplit) != 0, h.Flags() == flagSplit:
 			return h, nil, fmt.Errorf("rts flags %#x", h.Flags())
 		case h.Size() == 0:
 			return h, nil, fmt.Errorf("rts of zero bytes")
@@ -194,16 +200,16 @@ func parseMessage(b []byte) (h header, payload []byte, err error) {
 		}
 	case msgCTS:
 		switch {
-		case n != 0 || h.Flags() != 0:
-			return h, nil, fmt.Errorf("cts with payload or flags")
+		case n != 0 || h.Flags()&^flagSplit != 0:
+			return h, nil, fmt.Errorf("cts with payload or flags %#x", h.Flags())
 		case h.Size() == 0 || h.RKey() == 0:
 			return h, nil, fmt.Errorf("cts without size or key")
 		case h.Addr()+uint64(h.Size()) < h.Addr():
 			return h, nil, fmt.Errorf("cts descriptor wraps the address space")
 		}
 	case msgDone:
-		if n != 0 || h.Flags()&^flagStaged != 0 || h.Size() == 0 {
-			return h, nil, fmt.Errorf("done with payload, flags or no size")
+		if n != 0 || h.Flags()&^(flagStaged|flagSplit) != 0 || h.Flags() == flagStaged|flagSplit || h.Size() == 0 {
+			return h, nil, fmt.Errorf("done with payload, flags %#x or no size", h.Flags())
 		}
 		err = zero("addr/rkey", h.Addr(), h.RKey())
 	case msgCancel:

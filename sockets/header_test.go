@@ -57,6 +57,10 @@ func validMessages() [][]byte {
 		msg(msgCredit, nil, nil),
 		msg(msgFin, nil, nil),
 		msg(msgAbort, nil, []byte("why")),
+		// Split transfers (version 3): rts, the tail's cts, its done.
+		msg(msgRTS, func(h *header) { h.SetFlags(flagRead | flagSplit); h.SetSize(8192); h.SetAddr(4096); h.SetRKey(9) }, nil),
+		msg(msgCTS, func(h *header) { h.SetFlags(flagSplit); h.SetOffset(4096); h.SetSize(4096); h.SetAddr(8192); h.SetRKey(9) }, nil),
+		msg(msgDone, func(h *header) { h.SetFlags(flagSplit); h.SetOffset(4096); h.SetSize(4096) }, nil),
 	}
 }
 
@@ -84,6 +88,10 @@ func TestParseMessage(t *testing.T) {
 	bad("cts flags", v[4], func(b []byte) []byte { b[offFlags] = 1; return b })
 	bad("done zero", v[5], func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offSize:], 0); return b })
 	bad("done unknown flag", v[5], func(b []byte) []byte { b[offFlags] = 0x80; return b })
+	bad("rts split without read", v[10], func(b []byte) []byte { b[offFlags] = flagSplit; return b })
+	bad("rts unknown flag", v[10], func(b []byte) []byte { b[offFlags] |= 0x80; return b })
+	bad("cts split and read", v[11], func(b []byte) []byte { b[offFlags] |= flagRead; return b })
+	bad("done staged and split", v[12], func(b []byte) []byte { b[offFlags] |= flagStaged; return b })
 	staged := bytes.Clone(v[5])
 	staged[offFlags] = flagStaged
 	if _, _, err := parseMessage(staged); err != nil {
@@ -115,25 +123,25 @@ func TestHelloAndVersions(t *testing.T) {
 			t.Errorf("negotiate(%v, %v) = %d, %v", tc.a, tc.b, v, ok)
 		}
 	}
-	// End to end: a dialer that speaks only version 3 is refused.
+	// End to end: a dialer that speaks only version 4 is refused.
 	ln, err := Listen("sandirect", testAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cfg := Config{versions: [2]uint16{3, 3}}
+	cfg := Config{versions: [2]uint16{4, 4}}
 	d := Dialer{Config: &cfg}
 	if c, err := d.Dial("sandirect", ln.Addr().String()); !errors.Is(err, ErrVersion) {
 		if c != nil {
 			c.Close()
 		}
-		t.Fatalf("dial with version 3: %v, want ErrVersion", err)
+		t.Fatalf("dial with version 4: %v, want ErrVersion", err)
 	}
-	// One that speaks only 1 gets 1; one that speaks 1 to 3, 2.
+	// One that speaks only 1 gets 1; 1 to 2, 2; 1 to 4, 3.
 	for _, tc := range []struct {
 		versions [2]uint16
 		want     uint16
-	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 3}, 2}} {
+	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 2}, 2}, {[2]uint16{1, 4}, 3}} {
 		cfg.versions = tc.versions
 		go func() {
 			if c, err := ln.Accept(); err == nil {

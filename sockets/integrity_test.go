@@ -123,7 +123,25 @@ func integrityModes() map[string][2]Config {
 		r.NoRDMARead = true
 		modes["write/"+zc.String()] = [2]Config{w, r}
 	}
+	// Split transfers, on any memory (splitAnyMemory): small enough to
+	// split often, at every threshold.
+	w, r := smallConfig(), smallConfig()
+	w.SplitMin, r.SplitMin = 16<<10, 16<<10
+	modes["read/split"] = [2]Config{w, r}
 	return modes
+}
+
+// splitAnyMemory lets the connections of this process split transfers
+// of memory that is not in huge pages (small test buffers), until the
+// test ends (tb nil: for good, in a child).
+// An offer left unsplit is followed by the next at once.
+func splitAnyMemory(tb testing.TB) {
+	old, retry := hugeBacked, splitRetry
+	hugeBacked = func([]byte) bool { return true }
+	splitRetry = 0
+	if tb != nil {
+		tb.Cleanup(func() { hugeBacked, splitRetry = old, retry })
+	}
 }
 
 // scaled returns n, or a quarter of it under the race detector.
@@ -139,6 +157,9 @@ func TestIntegrity(t *testing.T) {
 	for name, cfgs := range integrityModes() {
 		t.Run(name, func(t *testing.T) {
 			w, r := cfgs[0], cfgs[1]
+			if name == "read/split" {
+				splitAnyMemory(t)
+			}
 			sizes := sizesAround(w)
 			client, server := pipe(t, &w, &r)
 			done := make(chan error, 1)
@@ -165,9 +186,12 @@ func TestIntegrity(t *testing.T) {
 			t.Logf("writer: eager %d inline %d read-rdv %d write-rdv %d zero-copy %d copied %d fallbacks %d",
 				st.BytesEager, st.BytesInline, st.BytesReadRendezvous, st.BytesWriteRendezvous, st.BytesZeroCopy, st.BytesCopied, st.Fallbacks)
 			rs := server.(*Conn).Stats()
-			t.Logf("reader: direct %d staged %d rdma reads %d", rs.BytesDirect, rs.BytesStaged, rs.RDMAReads)
+			t.Logf("reader: direct %d staged %d rdma reads %d splits %d", rs.BytesDirect, rs.BytesStaged, rs.RDMAReads, rs.Splits)
 			if rs.BytesRead != uint64(total) {
 				t.Fatalf("reader counted %d bytes", rs.BytesRead)
+			}
+			if name == "read/split" && (rs.Splits == 0 || st.BytesSplitTail == 0) {
+				t.Fatalf("no transfer split: reader %d splits, writer wrote %d tail bytes", rs.Splits, st.BytesSplitTail)
 			}
 		})
 	}
@@ -188,6 +212,9 @@ func init() {
 		cfgs, ok := integrityModes()[cfgName]
 		if !ok {
 			return fmt.Errorf("no mode %q", cfgName)
+		}
+		if cfgName == "read/split" {
+			splitAnyMemory(nil)
 		}
 		lc := ListenConfig{Config: &cfgs[1]}
 		if mode == "source" {
@@ -250,11 +277,15 @@ func TestIntegrityAcrossProcesses(t *testing.T) {
 	for _, tc := range []struct{ name, mode string }{
 		{"read/auto", "sink"}, {"read/always", "source"}, {"read/never", "sink"},
 		{"write/auto", "source"}, {"write/never", "sink"}, {"write/always", "source"},
+		{"read/split", "sink"}, {"read/split", "source"},
 	} {
 		name, mode := tc.name, tc.mode
 		{
 			t.Run(name+"/"+mode, func(t *testing.T) {
 				cfgs := integrityModes()[name]
+				if name == "read/split" {
+					splitAnyMemory(t)
+				}
 				addr := testAddr()
 				child := testutil.StartChild(t, "stream", nil, mode, addr, name, "11", strconv.Itoa(total))
 				if mode == "sink" {
@@ -273,6 +304,9 @@ func TestIntegrityAcrossProcesses(t *testing.T) {
 					if !bytes.Equal(got, want) {
 						t.Fatalf("child hashed %x, want %x", got, want)
 					}
+					if st := c.(*Conn).Stats(); name == "read/split" && st.BytesSplitTail == 0 {
+						t.Fatalf("no transfer split: %d split offers, no tail written", st.ZeroSplit)
+					}
 				} else {
 					r := cfgs[1]
 					c := dialChild(t, child, &r, "sandirect", addr)
@@ -284,6 +318,9 @@ func TestIntegrityAcrossProcesses(t *testing.T) {
 					want, _ := writeStream(io.Discard, 11, total, sizesAround(cfgs[0]))
 					if n != total || !bytes.Equal(got, want) {
 						t.Fatalf("read %d bytes, hash %x, want %x", n, got, want)
+					}
+					if st := c.(*Conn).Stats(); name == "read/split" && st.Splits == 0 {
+						t.Fatal("no transfer split")
 					}
 				}
 				if err := child.Wait(20 * time.Second); err != nil {

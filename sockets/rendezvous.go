@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/nic"
 )
 
@@ -71,7 +73,7 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 // copied into temporary memory (the write returns once the copy is made
 // and the rts sent) or registered in place (no copy; the write waits until
 // the peer has taken the data).
-func (c *Conn) chooseCopyLocked(body []byte) bool {
+func (c *Conn) chooseCopyLocked(body []byte, split bool) bool {
 	n := len(body)
 	switch c.cfg.ZeroCopy {
 	case ZeroCopyAlways:
@@ -97,6 +99,12 @@ func (c *Conn) chooseCopyLocked(body []byte) bool {
 		// place, one copy in all, at any size — faster than any copy
 		// into temporary memory, which the peer would copy out again.
 		c.stats.count(cZeroShared, 1)
+		return false
+	case split:
+		// A split transfer (splitOfferLocked): the peer reads half of our
+		// buffer while we write the other half into its, each side one
+		// copy of half the bytes — faster than any copy into temporary
+		// memory, which the peer would copy out again.
 		return false
 	case c.cfg.ZeroCopyMax == 0 || n > c.cfg.ZeroCopyMax:
 		// Copies in CopyChunk pieces pipeline: we copy a piece while the
@@ -229,7 +237,8 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	// arrived. A writer whose copies return at once may not poll
 	// otherwise for as long as it has credits.
 	c.pollNowLocked()
-	copyMode := c.chooseCopyLocked(body[:size])
+	split := read && c.splitOfferLocked(body[:size])
+	copyMode := c.chooseCopyLocked(body[:size], split)
 	if copyMode {
 		size = min(size, copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight))
 		// Bound the copies the peer has not taken yet.
@@ -274,12 +283,17 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	}
 	x.id = c.nextTx
 	c.nextTx++
+	x.split = split && x.temp == nil // not after a fallback to a copy
 	var h header
 	h.SetType(msgRTS)
 	h.SetID(x.id)
 	h.SetSize(x.size)
 	if read {
 		h.SetFlags(flagRead)
+		if x.split {
+			h.SetFlags(flagRead | flagSplit)
+			c.stats.count(cZeroSplit, 1)
+		}
 		h.SetAddr(uint64(x.mr.Addr))
 		h.SetRKey(x.mr.RKey)
 	}
@@ -307,7 +321,20 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 		c.copyInFlight += int(x.size)
 		return inline + int(x.size), nil
 	}
+	if x.split {
+		// The peer may ask for the tail with a cts (onCTSLocked).
+		c.wtx = x
+		defer func() {
+			if c.wtx == x {
+				c.wtx = nil
+			}
+		}()
+	}
 	for !x.done {
+		if x.cts && !x.writing && c.err == nil && !c.qpDead && !c.closed {
+			c.writeTailLocked(x)
+			continue
+		}
 		var err error
 		switch {
 		case c.err != nil:
@@ -329,6 +356,95 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 		c.waitLocked(&c.wdl, true)
 	}
 	return inline + int(x.size), nil
+}
+
+// writeTailLocked serves the peer's cts for the tail of split transfer
+// x: an RDMA Write of the tail into the peer's Read buffer, then done.
+func (c *Conn) writeTailLocked(x *txfer) {
+	local := x.src[x.ctsOff : x.ctsOff+x.ctsLen]
+	wr := nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey}
+	x.cts, x.writing = false, true
+	// The nic copies in this goroutine (Config.InlineExec): not under mu;
+	// wmu keeps x ours. The peer reads the head meanwhile.
+	c.mu.Unlock()
+	err := c.qp.PostSend(wr)
+	c.mu.Lock()
+	if err != nil {
+		x.writing = false
+		c.qpFailedLocked(err)
+		return
+	}
+	c.stats.count(cRDMAWrites, 1)
+	c.stats.count(cBytesSplitTail, uint64(x.ctsLen))
+	x.tailSent = true
+	// The nic executes a queue pair's work in order: done reaches the
+	// peer after the tail.
+	c.queueCtlLocked(ctlMsg{typ: msgDone, flags: flagSplit, id: x.id, off: x.ctsOff, size: x.ctsLen})
+}
+
+// splitRetry: after the peer left a split offer unsplit (its Read buffer
+// was new, small, or not in huge pages), offer none for this long (a var
+// for tests).
+var splitRetry = 100 * time.Millisecond
+
+// hugeBacked asks the kernel to back b with huge pages and reports
+// whether they cover at least half of it (sys.CollapseHuge). Tests
+// replace it to split transfers on any memory.
+var hugeBacked = func(b []byte) bool {
+	n, err := sys.CollapseHuge(b)
+	return err == nil && 2*n >= len(b)
+}
+
+// hugeLocked reports whether b is in huge pages (hugeBacked), asking the
+// kernel only when b is not inside *last, the last buffer found so. The
+// first time, collapsing costs ~0.5 ms per 2 MiB here; after that the
+// kernel answers in microseconds. With unlock, mu is released meanwhile.
+func (c *Conn) hugeLocked(last *span, b []byte, unlock bool) bool {
+	if last.covers(b) {
+		return true
+	}
+	if unlock {
+		c.mu.Unlock()
+	}
+	ok := hugeBacked(b)
+	if unlock {
+		c.mu.Lock()
+	}
+	if ok {
+		*last = span{addr: mem.Addr(b), n: uintptr(len(b))}
+	}
+	return ok
+}
+
+// splitOfferLocked reports whether a read rendezvous of b registered in
+// place should be offered as a split transfer (Config.SplitMin): the peer
+// speaks version 3 and split our last offer (or splitRetry has passed),
+// its Reads are large, b is at least SplitMin, the application writes
+// from it again (collapsing a buffer into huge pages once costs about a
+// copy of it, and pays off only if it is used again), and b is in huge
+// pages. It may release mu.
+func (c *Conn) splitOfferLocked(b []byte) bool {
+	switch {
+	case c.version < 3 || c.cfg.SplitMin < 0 || len(b) < c.cfg.SplitMin || c.cfg.ZeroCopy == ZeroCopyNever:
+		return false
+	case c.wdl.isSet.Load() || c.peerStages || time.Now().Before(c.noSplitUntil):
+		return false // a deadline: copy (chooseCopyLocked)
+	case !c.reused && !c.dev.nic.Cached(b):
+		return false
+	case c.sharedSource(b):
+		return false // the peer maps it: one copy already
+	}
+	return c.hugeLocked(&c.hugeSrc, b, true)
+}
+
+// splitsLocked reports whether we split a transfer the sender offered to
+// split, reading all of it into dst: dst is at least SplitMin, reused
+// (inside the last direct Read's buffer, or in the registration cache:
+// collapsing a new buffer costs more than the split saves), and in huge
+// pages (the sender's cross-process write pins our pages one by one).
+func (c *Conn) splitsLocked(dst []byte) bool {
+	return c.cfg.SplitMin > 0 && len(dst) >= c.cfg.SplitMin &&
+		(c.lastRead.covers(dst) || c.dev.nic.Cached(dst)) && c.hugeLocked(&c.hugeDst, dst, false)
 }
 
 // abandonTxLocked revokes a zero-copy source the peer has not finished
@@ -427,6 +543,9 @@ func (c *Conn) onRTSLocked(idx int, h *header, payload []byte) {
 	case h.ID() != c.nextRx:
 		c.abortLocked(protoErr("rts of transfer %d, expected %d", h.ID(), c.nextRx))
 		return
+	case h.Flags()&flagSplit != 0 && c.version < 3:
+		c.abortLocked(protoErr("split rts in version %d", c.version))
+		return
 	case h.Flags()&flagRead != 0 && !c.offerRead:
 		c.abortLocked(protoErr("read rendezvous towards a side that does not RDMA Read"))
 		return
@@ -437,7 +556,7 @@ func (c *Conn) onRTSLocked(idx int, h *header, payload []byte) {
 	c.nextRx++
 	c.rx = append(c.rx, rxEntry{
 		kind: msgRTS, buf: idx, data: payload,
-		id: h.ID(), size: h.Size(), read: h.Flags()&flagRead != 0,
+		id: h.ID(), size: h.Size(), read: h.Flags()&flagRead != 0, split: h.Flags()&flagSplit != 0,
 		addr: h.Addr(), rkey: h.RKey(),
 	})
 }
@@ -445,6 +564,26 @@ func (c *Conn) onRTSLocked(idx int, h *header, payload []byte) {
 // onCTSLocked records the peer's sink for our write rendezvous.
 func (c *Conn) onCTSLocked(h *header) {
 	x := c.wtx
+	if h.Flags()&flagSplit != 0 {
+		switch {
+		case c.version < 3 || x == nil || !x.split || x.id != h.ID():
+			c.abortLocked(protoErr("split cts for transfer %d, which is not a split transfer in progress", h.ID()))
+			return
+		case x.tailAsked:
+			c.abortLocked(protoErr("second split cts for transfer %d", h.ID()))
+			return
+		case h.Offset() == 0 || uint64(h.Offset())+uint64(h.Size()) != uint64(x.size):
+			c.abortLocked(protoErr("split cts [%d, +%d) of a %d-byte transfer", h.Offset(), h.Size(), x.size))
+			return
+		}
+		x.tailAsked, x.cts = true, true
+		x.ctsOff, x.ctsLen, x.ctsAddr, x.ctsKey = h.Offset(), h.Size(), h.Addr(), h.RKey()
+		return
+	}
+	if x != nil && x.read {
+		c.abortLocked(protoErr("cts without flagSplit for read transfer %d", h.ID()))
+		return
+	}
 	if x == nil || x.id != h.ID() {
 		if c.lastCancelled != 0 && h.ID() == c.lastCancelled-1 {
 			return // it crossed our cancel
@@ -467,6 +606,16 @@ func (c *Conn) onCTSLocked(h *header) {
 // onDoneLocked completes a chunk of our write-rendezvous receive, or the
 // oldest of our read-rendezvous sends.
 func (c *Conn) onDoneLocked(h *header) {
+	if h.Flags()&flagSplit != 0 {
+		op := &c.rd
+		if c.version < 3 || !op.active || !op.split || op.tailDone || h.ID() != op.id || h.Offset() != op.tailOff || h.Size() != op.tailLen {
+			c.abortLocked(protoErr("split done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.tailOff, op.tailLen))
+			return
+		}
+		op.tailDone = true
+		op.done = op.readDone
+		return
+	}
 	if op := &c.rd; op.active && !op.read && !op.done && !op.cancelled {
 		if h.Flags() != 0 {
 			c.abortLocked(protoErr("done of a write rendezvous with flags %#x", h.Flags()))
@@ -492,7 +641,14 @@ func (c *Conn) onDoneLocked(h *header) {
 		c.abortLocked(protoErr("done with flags %#x in version %d", h.Flags(), c.version))
 		return
 	}
+	if x.split && x.tailAsked && !x.tailSent {
+		c.abortLocked(protoErr("done of split transfer %d before its tail was written", x.id))
+		return
+	}
 	c.peerStages = h.Flags()&flagStaged != 0
+	if x.split && !x.tailAsked {
+		c.noSplitUntil = time.Now().Add(splitRetry)
+	}
 	c.txq[0] = nil
 	c.txq = c.txq[1:]
 	if len(c.txq) == 0 {
@@ -560,8 +716,13 @@ func (c *Conn) onRDMALocked(comp *nic.Completion) {
 		}
 	}
 	if comp.ID&wrKind == wrRead {
-		if c.rd.active && c.rd.read {
-			c.rd.done, c.rd.err = true, err
+		if op := &c.rd; op.active && op.read {
+			if op.split && err == nil {
+				op.readDone = true
+				op.done = op.tailDone
+			} else {
+				op.done, op.err = true, err
+			}
 		}
 		return
 	}
@@ -570,6 +731,9 @@ func (c *Conn) onRDMALocked(comp *nic.Completion) {
 		if err != nil {
 			x.werr = err
 			return
+		}
+		if x.read {
+			return // the tail of a split transfer: counted when posted
 		}
 		x.off = x.ctsOff + x.ctsLen
 		c.stats.count(cBytesWriteRdv, uint64(x.ctsLen))
@@ -603,7 +767,7 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 		if c.rd.active {
 			op := &c.rd
 			if !op.done && !op.cancelled {
-				if !op.read && (c.err != nil || c.closed || c.qpDead) {
+				if (!op.read || op.split && op.readDone) && (c.err != nil || c.closed || c.qpDead) {
 					// The sender will not serve our sink any more.
 					err := c.abandonRecvLocked()
 					return n, false, err
@@ -707,17 +871,24 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 		// deadline, use the staging buffer, which may be left behind.
 		direct = false
 	}
+	// Split only without a read deadline: the sender's tail must land
+	// before Read returns, as a direct sink of the write rendezvous must.
+	split := direct && e.read && e.split && e.off == 0 && uint32(len(dst)) >= rem &&
+		!c.rdl.isSet.Load() && c.splitsLocked(dst[:rem])
 	access := nic.AccessLocalWrite
-	if !e.read {
+	if !e.read || split {
 		access |= nic.AccessRemoteWrite
 	}
 	var buf []byte
 	var mr *nic.MemoryRegion
 	var err error
 	if direct {
+		if !c.lastRead.covers(dst) {
+			c.lastRead = span{addr: mem.Addr(dst), n: uintptr(len(dst))}
+		}
 		buf = dst[:min(uint32(len(dst)), rem)]
 		if mr, err = c.dev.register(c.owner, buf, access); err != nil {
-			direct = false
+			direct, split = false, false
 			c.stats.count(cFallbacks, 1)
 		}
 	}
@@ -740,6 +911,9 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	// first read every line of it in.
 	nt := e.read && direct && len(dst) >= ntReadMin
 	c.rd = recvOp{active: true, direct: direct, nt: nt, read: e.read, id: e.id, off: e.off, n: uint32(len(buf)), mr: mr}
+	if split {
+		return c.startSplitLocked(e, buf, mr)
+	}
 	if e.read {
 		// The nic copies in this goroutine (Config.InlineExec): not under
 		// mu. rmu keeps the receive side ours; the completion is
@@ -758,6 +932,31 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 		return nil
 	}
 	c.queueCtlLocked(ctlMsg{typ: msgCTS, id: e.id, off: e.off, size: uint32(len(buf)), addr: uint64(mr.Addr), rkey: mr.RKey})
+	return nil
+}
+
+// startSplitLocked starts receiving split transfer e into buf (all of
+// it, registered as mr for local and remote write): a cts asks the sender
+// for the tail, and we RDMA-Read the head meanwhile.
+func (c *Conn) startSplitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) error {
+	n := uint32(len(buf))
+	head := n / 2 &^ uint32(sys.PageSize-1) // SplitMin ≥ two pages: head and tail not empty
+	op := &c.rd
+	op.nt = false // cross-process copies store through the caches
+	op.split, op.tailOff, op.tailLen = true, head, n-head
+	c.stats.count(cSplits, 1)
+	c.queueCtlLocked(ctlMsg{typ: msgCTS, flags: flagSplit, id: e.id, off: head, size: n - head, addr: uint64(mr.Addr) + uint64(head), rkey: mr.RKey})
+	wr := nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: buf[:head], LKey: mr.LKey, Remote: e.addr, RKey: e.rkey}
+	c.mu.Unlock()
+	err := c.qp.PostSend(wr)
+	c.mu.Lock()
+	if err != nil && c.rd.active {
+		c.rd = recvOp{}
+		c.dev.nic.Deregister(mr)
+		c.qpFailedLocked(err)
+		return c.writableLocked()
+	}
+	c.stats.count(cRDMAReads, 1)
 	return nil
 }
 

@@ -25,6 +25,7 @@ type Counters struct {
 	BytesDirectNT        uint64 // of BytesDirect: written around the caches (Reads of at least 2 MiB)
 	BytesStaged          uint64 // rendezvous bytes received through a staging buffer
 	BytesRead            uint64 // bytes returned by Read
+	BytesSplitTail       uint64 // of BytesReadRendezvous: the tails of split transfers, which we RDMA-wrote into the peer's Read buffer
 
 	Rendezvous     uint64 // rendezvous started (rts sent)
 	CopyChosen     uint64 // rendezvous whose source was copied into temporary memory
@@ -32,6 +33,8 @@ type Counters struct {
 	CopyNewBuffer  uint64 // of CopyChosen: the source was new to the registration cache and not the previous write's buffer
 	CopyPeerStages uint64 // of CopyChosen: the peer reads through its staging buffer (its reads are small)
 	ZeroShared     uint64 // of ZeroChosen: the source was a buffer from AllocBuffer, which the peer maps
+	ZeroSplit      uint64 // of ZeroChosen: offered to the peer as a split transfer (the source is in huge pages)
+	Splits         uint64 // transfers received split: we read the head, the peer wrote the tail
 	Fallbacks      uint64 // the chosen source failed for lack of resources; the other was used
 	RDMAReads      uint64
 	RDMAWrites     uint64
@@ -63,12 +66,15 @@ const (
 	cBytesDirectNT
 	cBytesStaged
 	cBytesRead
+	cBytesSplitTail
 	cRendezvous
 	cCopyChosen
 	cZeroChosen
 	cCopyNewBuffer
 	cCopyPeerStages
 	cZeroShared
+	cZeroSplit
+	cSplits
 	cFallbacks
 	cRDMAReads
 	cRDMAWrites
@@ -147,8 +153,10 @@ func (s *stats) snapshot() Counters {
 		BytesReadRendezvous: v(cBytesReadRdv), BytesWriteRendezvous: v(cBytesWriteRdv),
 		BytesZeroCopy: v(cBytesZeroCopy), BytesCopied: v(cBytesCopied), BytesCopiedNT: v(cBytesCopiedNT),
 		BytesDirect: v(cBytesDirect), BytesDirectNT: v(cBytesDirectNT), BytesStaged: v(cBytesStaged), BytesRead: v(cBytesRead),
-		Rendezvous: v(cRendezvous), CopyChosen: v(cCopyChosen), ZeroChosen: v(cZeroChosen),
+		BytesSplitTail: v(cBytesSplitTail),
+		Rendezvous:     v(cRendezvous), CopyChosen: v(cCopyChosen), ZeroChosen: v(cZeroChosen),
 		CopyNewBuffer: v(cCopyNewBuffer), CopyPeerStages: v(cCopyPeerStages), ZeroShared: v(cZeroShared),
+		ZeroSplit: v(cZeroSplit), Splits: v(cSplits),
 		Fallbacks: v(cFallbacks), RDMAReads: v(cRDMAReads), RDMAWrites: v(cRDMAWrites),
 		MsgsSent: v(cMsgsSent), MsgsReceived: v(cMsgsReceived), CreditMsgs: v(cCreditMsgs),
 		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
