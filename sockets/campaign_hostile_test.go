@@ -71,6 +71,9 @@ func TestCampaignHostilePeer(t *testing.T) {
 	}
 	for _, tc := range attacks {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.split {
+				splitAnyMemory(t)
+			}
 			addr := testAddr()
 			lc := ListenConfig{Config: tc.cfg}
 			ln, err := lc.Listen(context.Background(), "sandirect", addr)

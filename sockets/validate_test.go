@@ -172,6 +172,7 @@ func driveUntilFailed(sc *Conn, within time.Duration) bool {
 type attack struct {
 	name   string
 	cfg    *Config
+	split  bool // the victim splits transfers on any memory (splitAnyMemory)
 	reason string
 	victim func(good net.Conn)
 	lie    func(bad *Conn) (check func() error, err error)
@@ -327,6 +328,104 @@ var attacks = []attack{
 	{name: "done of nothing", reason: "none outstanding", lie: sendOnly(hdr(msgDone, func(h *header) { h.SetID(7); h.SetSize(100) }), nil)},
 	{name: "cts of nothing", reason: "not in progress", lie: sendOnly(hdr(msgCTS, func(h *header) { h.SetID(3); h.SetSize(100); h.SetRKey(1) }), nil)},
 	{name: "rts out of sequence", reason: "expected 0", lie: sendOnly(hdr(msgRTS, func(h *header) { h.SetID(5); h.SetSize(100) }), []byte("x"))},
+	{name: "split rts in version 2", cfg: &Config{versions: [2]uint16{1, 2}}, reason: "split rts in version 2", lie: func(bad *Conn) (func() error, error) {
+		src := newGuarded(64 << 10)
+		mr, err := bad.dev.register(bad.owner, src.mid, nic.AccessRemoteRead)
+		if err != nil {
+			return nil, err
+		}
+		err = rawSendErr(bad, hdr(msgRTS, func(h *header) {
+			h.SetFlags(flagRead | flagSplit)
+			h.SetSize(64 << 10)
+			h.SetAddr(uint64(mr.Addr))
+			h.SetRKey(mr.RKey)
+		}), []byte("inline"))
+		return func() error { bad.dev.nic.Deregister(mr); return nil }, err
+	}},
+	{name: "split cts of nothing", reason: "not a split transfer in progress", lie: sendOnly(hdr(msgCTS, func(h *header) {
+		h.SetFlags(flagSplit)
+		h.SetID(3)
+		h.SetOffset(4096)
+		h.SetSize(4096)
+		h.SetAddr(4096)
+		h.SetRKey(1)
+	}), nil)},
+	{name: "split done of nothing", reason: "split done of transfer 7", lie: sendOnly(hdr(msgDone, func(h *header) {
+		h.SetFlags(flagSplit)
+		h.SetID(7)
+		h.SetOffset(4096)
+		h.SetSize(4096)
+	}), nil)},
+	// good offers its second write as a split transfer (its first, from a
+	// buffer new to it, is copied); bad answers with a tail that does not
+	// reach the end, a cts without flagSplit, or two tails.
+	{name: "split tail out of range", cfg: splitCfg, split: true, reason: "split cts [0, +", victim: splitVictim,
+		lie: func(bad *Conn) (func() error, error) {
+			size, err := awaitSplitOffer(bad)
+			if err != nil {
+				return nil, err
+			}
+			return nil, rawSendErr(bad, hdr(msgCTS, func(h *header) {
+				h.SetFlags(flagSplit)
+				h.SetID(1)
+				h.SetSize(size)
+				h.SetAddr(4096)
+				h.SetRKey(1)
+			}), nil)
+		}},
+	{name: "plain cts for a split transfer", cfg: splitCfg, split: true, reason: "cts without flagSplit for read transfer 1", victim: splitVictim,
+		lie: func(bad *Conn) (func() error, error) {
+			size, err := awaitSplitOffer(bad)
+			if err != nil {
+				return nil, err
+			}
+			return nil, rawSendErr(bad, hdr(msgCTS, func(h *header) {
+				h.SetID(1)
+				h.SetSize(size)
+				h.SetAddr(4096)
+				h.SetRKey(1)
+			}), nil)
+		}},
+	{name: "second split cts", cfg: splitCfg, split: true, reason: "second split cts for transfer 1", victim: splitVictim,
+		lie: func(bad *Conn) (func() error, error) {
+			size, err := awaitSplitOffer(bad)
+			if err != nil {
+				return nil, err
+			}
+			// A real sink for the tail: good writes it, then hears of a
+			// second tail.
+			half := size / 2 &^ 4095
+			sink := newGuarded(int(size - half))
+			mr, err := bad.dev.register(bad.owner, sink.mid, nic.AccessLocalWrite|nic.AccessRemoteWrite)
+			if err != nil {
+				return nil, err
+			}
+			cts := hdr(msgCTS, func(h *header) {
+				h.SetFlags(flagSplit)
+				h.SetID(1)
+				h.SetOffset(half)
+				h.SetSize(size - half)
+				h.SetAddr(uint64(mr.Addr))
+				h.SetRKey(mr.RKey)
+			})
+			// bad's own checks must take good's done for the tail: it
+			// plays a receiver with that tail outstanding.
+			bad.mu.Lock()
+			bad.rd = recvOp{active: true, read: true, direct: true, split: true, readDone: true, id: 1, tailOff: half, tailLen: size - half}
+			bad.mu.Unlock()
+			for range 2 {
+				if err := rawSendErr(bad, cts, nil); err != nil {
+					return nil, err
+				}
+				bad.mu.Lock()
+				bad.sendFree = append(bad.sendFree[:0], 0) // the nic copied it
+				bad.mu.Unlock()
+			}
+			return func() error {
+				bad.dev.nic.Deregister(mr)
+				return sink.intact(false) // the tail landed inside it, not around
+			}, nil
+		}},
 	{name: "second hello", reason: "second hello", lie: func(bad *Conn) (func() error, error) {
 		bad.mu.Lock()
 		defer bad.mu.Unlock()
@@ -339,6 +438,9 @@ func TestPeerValidation(t *testing.T) {
 	by1, by2 := pipe(t, nil, nil)
 	for _, tc := range attacks {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.split {
+				splitAnyMemory(t)
+			}
 			bad, good := pipe(t, tc.cfg, tc.cfg)
 			if tc.victim != nil {
 				go tc.victim(good)
@@ -417,6 +519,36 @@ func TestHalfClose(t *testing.T) {
 	if err != nil || string(resp) != "response" {
 		t.Fatalf("%q, %v", resp, err)
 	}
+}
+
+// splitCfg makes 512 KiB writes split transfers (on any memory, with
+// splitAnyMemory).
+var splitCfg = &Config{SplitMin: 16 << 10}
+
+// splitVictim writes twice from one buffer: the second write is offered
+// as a split transfer.
+func splitVictim(good net.Conn) {
+	b := make([]byte, 512<<10)
+	for range 2 {
+		if _, err := good.Write(b); err != nil {
+			return
+		}
+	}
+}
+
+// awaitSplitOffer waits for splitVictim's two rts and returns the size of
+// the second, the split offer.
+func awaitSplitOffer(bad *Conn) (uint32, error) {
+	if err := awaitRx(bad, 2); err != nil {
+		return 0, err
+	}
+	bad.mu.Lock()
+	defer bad.mu.Unlock()
+	e := bad.rx[bad.rxHead+1]
+	if !e.split {
+		return 0, fmt.Errorf("second rts not a split offer: %+v", e)
+	}
+	return e.size, nil
 }
 
 // lyingSink waits until bad has received the victim's rts, then registers

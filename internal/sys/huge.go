@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,11 +16,6 @@ const HugePage = 2 << 20
 
 // madvCollapse is MADV_COLLAPSE (Linux 6.1).
 const madvCollapse = 25
-
-// noCollapse is set once the kernel has refused MADV_COLLAPSE as
-// unsupported (too old, or transparent huge pages disabled): later calls
-// do not ask again.
-var noCollapse atomic.Bool
 
 // HugeRange returns the part of b that CollapseHuge can back with huge
 // pages: the whole HugePage-aligned blocks inside it (length 0 if none).
@@ -46,21 +40,16 @@ func HugeRange(b []byte) (addr, length uintptr) {
 // that costs more than the copy (3 GB/s against 7.5 with huge pages on
 // this machine, 16 MiB; see docs/protocol.md, "Split transfers").
 //
-// The error is from madvise: EINVAL when the kernel cannot collapse at all
-// (then every later call fails the same way without a system call),
-// EAGAIN or ENOMEM when some block could not be collapsed now.
+// The error is from madvise: EINVAL when the kernel cannot collapse (too
+// old, transparent huge pages disabled, or a block with no page present
+// yet), EAGAIN or ENOMEM when some block could not be collapsed now. A
+// failure costs a system call of a few microseconds.
 func CollapseHuge(b []byte) (int, error) {
 	addr, length := HugeRange(b)
 	if length == 0 {
 		return 0, nil
 	}
-	if noCollapse.Load() {
-		return 0, unix.EINVAL
-	}
 	_, _, e := unix.Syscall(unix.SYS_MADVISE, addr, length, madvCollapse)
-	if e == unix.EINVAL {
-		noCollapse.Store(true)
-	}
 	if e != 0 {
 		return 0, e
 	}
