@@ -59,7 +59,13 @@ func validMessages() [][]byte {
 		msg(msgAbort, nil, []byte("why")),
 		// Split transfers (version 3): rts, the tail's cts, its done.
 		msg(msgRTS, func(h *header) { h.SetFlags(flagRead | flagSplit); h.SetSize(8192); h.SetAddr(4096); h.SetRKey(9) }, nil),
-		msg(msgCTS, func(h *header) { h.SetFlags(flagSplit); h.SetOffset(4096); h.SetSize(4096); h.SetAddr(8192); h.SetRKey(9) }, nil),
+		msg(msgCTS, func(h *header) {
+			h.SetFlags(flagSplit)
+			h.SetOffset(4096)
+			h.SetSize(4096)
+			h.SetAddr(8192)
+			h.SetRKey(9)
+		}, nil),
 		msg(msgDone, func(h *header) { h.SetFlags(flagSplit); h.SetOffset(4096); h.SetSize(4096) }, nil),
 	}
 }
