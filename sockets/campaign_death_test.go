@@ -31,6 +31,7 @@ type deathCase struct {
 	parentCfg   Config // the survivor's (listener or dialer)
 	childCfg    Config
 	hook        step // where the child stops itself, if anywhere
+	split       bool // both processes split transfers on any memory (splitAnyMemory)
 	// child runs in the child process; lnAddr is the parent's listener,
 	// own an address the child may listen on.
 	child func(cfg *Config, lnAddr, own string) error
@@ -366,6 +367,67 @@ var deathCases = []deathCase{
 		},
 	},
 	{
+		name:      "split/sender-survives",
+		split:     true,
+		parentCfg: splitDeathCfg(),
+		childCfg:  splitDeathCfg(),
+		hook:      stepSplitCTSSent, // the child asked for our tail; it reads no head
+		child: func(cfg *Config, lnAddr, own string) error {
+			c, err := dialParent(cfg, lnAddr)
+			if err != nil {
+				return err
+			}
+			buf := make([]byte, splitDeathXfer)
+			for {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return err
+				}
+			}
+		},
+		parent: func(r *deathRun) {
+			c := r.accept()
+			src := randBytes(splitDeathXfer)
+			if _, err := c.Write(src); err != nil { // copied: a buffer new to us
+				r.t.Fatal(err)
+			}
+			r.start("write", func() (int, error) { return c.Write(src) }) // offered split
+			r.notes.wait(r.t, "at "+string(stepSplitCTSSent))
+			waitFor(r.t, "our tail written", func() bool { return c.Stats().BytesSplitTail > 0 })
+		},
+	},
+	{
+		name:      "split/receiver-survives",
+		split:     true,
+		parentCfg: splitDeathCfg(),
+		childCfg:  splitDeathCfg(),
+		hook:      stepBeforeTail, // our cts arrived; the child writes no tail
+		child: func(cfg *Config, lnAddr, own string) error {
+			c, err := dialParent(cfg, lnAddr)
+			if err != nil {
+				return err
+			}
+			src := randBytes(splitDeathXfer)
+			for {
+				if _, err := c.Write(src); err != nil {
+					return err
+				}
+			}
+		},
+		parent: func(r *deathRun) {
+			c := r.accept()
+			buf := make([]byte, splitDeathXfer)
+			if _, err := io.ReadFull(c, buf); err != nil || !bytes.Equal(buf, randBytes(splitDeathXfer)) {
+				r.t.Fatalf("first write: %v", err)
+			}
+			r.off = splitDeathXfer
+			// The second arrives split: we read the head, the tail never
+			// comes.
+			r.start("read", func() (int, error) { return io.ReadFull(c, buf) })
+			r.notes.wait(r.t, "at "+string(stepBeforeTail))
+			waitFor(r.t, "our head read", func() bool { return c.Stats().Splits > 0 && c.Stats().RDMAReads > 1 })
+		},
+	},
+	{
 		name:      "write-rendezvous/receiver-survives/before-rdma-write",
 		parentCfg: writeMode(),
 		hook:      stepBeforeWrite, // our cts arrived; the child writes nothing
@@ -380,6 +442,12 @@ var deathCases = []deathCase{
 		parent:    parentAwaitsSink(stepBeforeWriteDone),
 	},
 }
+
+// splitDeathXfer is the size of the split death cases' writes.
+const splitDeathXfer = 512 << 10
+
+// splitDeathCfg splits writes of splitDeathXfer (with splitAnyMemory).
+func splitDeathCfg() Config { return Config{SplitMin: 16 << 10} }
 
 // childDialsAndParks connects and then does nothing until it is killed.
 func childDialsAndParks(cfg *Config, lnAddr, own string) error {
@@ -480,6 +548,9 @@ func init() {
 			if tc.name != name {
 				continue
 			}
+			if tc.split {
+				splitAnyMemory(nil)
+			}
 			if tc.hook != "" {
 				testHook = func(s step) {
 					if s == tc.hook {
@@ -502,6 +573,9 @@ func init() {
 func TestCampaignPeerDeath(t *testing.T) {
 	for _, tc := range deathCases {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.split {
+				splitAnyMemory(t)
+			}
 			base := takeBaseline(t)
 			r := &deathRun{t: t, lnAddr: testAddr(), own: testAddr(), cfg: tc.parentCfg}
 			lc := ListenConfig{Config: &r.cfg}
@@ -573,12 +647,19 @@ func TestCampaignPeerDeath(t *testing.T) {
 				waitTorn(t, c)
 			}
 			// The registration cache gives back what the connection
-			// pinned (it owns its entries); temporary memory, a staging
-			// buffer at most here, and the control-pool slab and
-			// doorbell stay the device's for the next one.
+			// pinned (it owns its entries); temporary memory (a staging
+			// buffer, the slab of a copied write), and the control-pool
+			// slab and doorbell stay the device's for the next one.
 			dev := ln.(*Listener).dev
 			staging := uint64(ln.(*Listener).cfg.StagingSize)
-			waitFor(t, "the pinned bytes back to their baseline", func() bool { return pinned() <= pinnedBefore+staging+dev.ctlHeld() })
+			temp := func() uint64 {
+				dev.mu.Lock()
+				defer dev.mu.Unlock()
+				return uint64(dev.allocated)
+			}
+			waitFor(t, "the pinned bytes back to their baseline", func() bool {
+				return pinned() <= pinnedBefore+max(staging, temp())+dev.ctlHeld()
+			})
 			t.Logf("pinned by the listener's device: %d bytes before, %d after the teardown", pinnedBefore, pinned())
 
 			// The listener serves a new client.

@@ -11,6 +11,8 @@ const (
 	stepBeforeWrite     step = "before-rdma-write" // write rendezvous: a cts is served next, no byte written yet
 	stepBeforeWriteDone step = "before-write-done" // write rendezvous: the RDMA Write completed, its done not sent
 	stepBeforeReadDone  step = "before-read-done"  // read rendezvous: every RDMA Read completed, the done not sent
+	stepSplitCTSSent    step = "split-cts-sent"    // split transfer, receiver: the tail's cts queued, the head not read
+	stepBeforeTail      step = "before-split-tail" // split transfer, sender: the tail's cts arrived, no byte written
 )
 
 // testHook is nil except in tests, which set it before any connection

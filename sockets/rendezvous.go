@@ -363,6 +363,7 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 func (c *Conn) writeTailLocked(x *txfer) {
 	local := x.src[x.ctsOff : x.ctsOff+x.ctsLen]
 	wr := nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey}
+	hook(stepBeforeTail)
 	x.cts, x.writing = false, true
 	// The nic copies in this goroutine (Config.InlineExec): not under mu;
 	// wmu keeps x ours. The peer reads the head meanwhile.
@@ -946,6 +947,7 @@ func (c *Conn) startSplitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) er
 	op.split, op.tailOff, op.tailLen = true, head, n-head
 	c.stats.count(cSplits, 1)
 	c.queueCtlLocked(ctlMsg{typ: msgCTS, flags: flagSplit, id: e.id, off: head, size: n - head, addr: uint64(mr.Addr) + uint64(head), rkey: mr.RKey})
+	hook(stepSplitCTSSent)
 	wr := nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: buf[:head], LKey: mr.LKey, Remote: e.addr, RKey: e.rkey}
 	c.mu.Unlock()
 	err := c.qp.PostSend(wr)
