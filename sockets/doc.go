@@ -30,7 +30,12 @@
 // AllocBuffer is shared memory the peer maps: writes from it are read in
 // place, one copy in all, at any size — where an ordinary buffer's large
 // writes take two copies across the CPUs (AllocBuffer, FreeBuffer; for a
-// connection that is not ours it is ordinary memory). GlobalStats
+// connection that is not ours it is ordinary memory). An ordinary buffer
+// that the application writes from again, and reads into again on the
+// other side, goes as a split transfer from Config.SplitMin (2 MiB) up:
+// both buffers are put into huge pages, and the reader copies the first
+// half across the processes while the writer copies the second, one copy
+// of every byte, both CPUs at once (protocol version 3). GlobalStats
 // adds them up for the process, which publishes them for tools/sdstat as
 // the group "sockets" while it has a connection or listener (publish.go);
 // tools/sdtrace traces Reads and Writes with uprobes (trace.go).
