@@ -1,6 +1,11 @@
 package sockets
 
-import "testing"
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"unicode"
+)
 
 func TestGlobalStats(t *testing.T) {
 	before := GlobalStats()
@@ -26,4 +31,37 @@ func TestGlobalStats(t *testing.T) {
 	if after := GlobalStats(); after.BytesEager-before.BytesEager < 7 {
 		t.Fatalf("retired: %+v", after)
 	}
+}
+
+// TestEveryCounterPublished: tools/sdstat sees every field of Counters,
+// by its snake_case name.
+func TestEveryCounterPublished(t *testing.T) {
+	got := map[string]bool{}
+	snapshotStats(func(group, name string, v uint64) {
+		if group != statsGroup {
+			t.Errorf("group %q", group)
+		}
+		got[name] = true
+	})
+	ct := reflect.TypeFor[Counters]()
+	for i := range ct.NumField() {
+		if name := snakeCase(ct.Field(i).Name); !got[name] {
+			t.Errorf("Counters.%s is not published (as %q)", ct.Field(i).Name, name)
+		}
+	}
+}
+
+// snakeCase turns a Go name into a published one: BytesCopiedNT is
+// bytes_copied_nt, RDMAReads rdma_reads, ENOBUFS enobufs.
+func snakeCase(s string) string {
+	var b strings.Builder
+	r := []rune(s)
+	for i, c := range r {
+		upper := unicode.IsUpper(c)
+		if upper && i > 0 && (unicode.IsLower(r[i-1]) || i+1 < len(r) && unicode.IsLower(r[i+1])) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToLower(c))
+	}
+	return b.String()
 }
