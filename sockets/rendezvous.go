@@ -332,7 +332,11 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 	}
 	for !x.done {
 		if x.cts && !x.writing && c.err == nil && !c.qpDead && !c.closed {
-			c.writeTailLocked(x)
+			// The tail, while the peer reads the head.
+			if c.serveCTSLocked(x, flagSplit, stepBeforeTail, stepNone) {
+				c.stats.count(cBytesSplitTail, uint64(x.ctsLen))
+				x.tailSent = true
+			}
 			continue
 		}
 		var err error
@@ -358,29 +362,30 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 	return inline + int(x.size), nil
 }
 
-// writeTailLocked serves the peer's cts for the tail of split transfer
-// x: an RDMA Write of the tail into the peer's Read buffer, then done.
-func (c *Conn) writeTailLocked(x *txfer) {
+// serveCTSLocked serves the cts x holds: an RDMA Write of that chunk of
+// x's source into the peer's sink, then done with flags — posted after
+// the write on the same queue pair, which executes its work in order, so
+// it reaches the peer after the data. The hooks run before the write and
+// before the done. It reports whether the write was posted. The nic
+// copies in this goroutine (Config.InlineExec), with mu released; wmu
+// keeps x ours.
+func (c *Conn) serveCTSLocked(x *txfer, flags uint8, before, after step) bool {
 	local := x.src[x.ctsOff : x.ctsOff+x.ctsLen]
 	wr := nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey}
-	hook(stepBeforeTail)
+	hook(before)
 	x.cts, x.writing = false, true
-	// The nic copies in this goroutine (Config.InlineExec): not under mu;
-	// wmu keeps x ours. The peer reads the head meanwhile.
 	c.mu.Unlock()
 	err := c.qp.PostSend(wr)
 	c.mu.Lock()
 	if err != nil {
 		x.writing = false
 		c.qpFailedLocked(err)
-		return
+		return false
 	}
 	c.stats.count(cRDMAWrites, 1)
-	c.stats.count(cBytesSplitTail, uint64(x.ctsLen))
-	x.tailSent = true
-	// The nic executes a queue pair's work in order: done reaches the
-	// peer after the tail.
-	c.queueCtlLocked(ctlMsg{typ: msgDone, flags: flagSplit, id: x.id, off: x.ctsOff, size: x.ctsLen})
+	hook(after)
+	c.queueCtlLocked(ctlMsg{typ: msgDone, flags: flags, id: x.id, off: x.ctsOff, size: x.ctsLen})
+	return true
 }
 
 // splitRetry: after the peer left a split offer unsplit (its Read buffer
@@ -487,25 +492,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 			return inline + int(x.off), x.werr
 		}
 		if x.cts && c.err == nil && !c.qpDead && !c.closed {
-			local := x.src[x.ctsOff : x.ctsOff+x.ctsLen]
-			wr := nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey}
-			hook(stepBeforeWrite)
-			x.cts, x.writing = false, true
-			// The nic copies in this goroutine (Config.InlineExec): not
-			// under mu. wmu keeps x ours.
-			c.mu.Unlock()
-			err := c.qp.PostSend(wr)
-			c.mu.Lock()
-			if err != nil {
-				x.writing = false
-				c.qpFailedLocked(err)
-				continue
-			}
-			c.stats.count(cRDMAWrites, 1)
-			hook(stepBeforeWriteDone)
-			// The nic executes a queue pair's work in order: done
-			// reaches the peer after the data.
-			c.queueCtlLocked(ctlMsg{typ: msgDone, id: x.id, off: x.ctsOff, size: x.ctsLen})
+			c.serveCTSLocked(x, 0, stepBeforeWrite, stepBeforeWriteDone)
 			continue
 		}
 		var err error
