@@ -899,14 +899,15 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	// first read every line of it in.
 	nt := e.read && direct && len(dst) >= ntReadMin
 	c.rd = recvOp{active: true, direct: direct, nt: nt, read: e.read, id: e.id, off: e.off, n: uint32(len(buf)), mr: mr}
+	local := buf
 	if split {
-		return c.startSplitLocked(e, buf, mr)
+		local = c.splitLocked(e, buf, mr)
 	}
 	if e.read {
 		// The nic copies in this goroutine (Config.InlineExec): not under
 		// mu. rmu keeps the receive side ours; the completion is
 		// dispatched like any other.
-		wr := nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: buf, LKey: mr.LKey, Remote: e.addr + uint64(e.off), RKey: e.rkey, NonTemporal: nt}
+		wr := nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: local, LKey: mr.LKey, Remote: e.addr + uint64(e.off), RKey: e.rkey, NonTemporal: c.rd.nt}
 		c.mu.Unlock()
 		err := c.qp.PostSend(wr)
 		c.mu.Lock()
@@ -923,10 +924,10 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	return nil
 }
 
-// startSplitLocked starts receiving split transfer e into buf (all of
-// it, registered as mr for local and remote write): a cts asks the sender
-// for the tail, and we RDMA-Read the head meanwhile.
-func (c *Conn) startSplitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) error {
+// splitLocked makes the receive of e into buf (all of it, registered as
+// mr for local and remote write) a split transfer: a cts asks the sender
+// for the tail, and it returns the head, which we RDMA-Read meanwhile.
+func (c *Conn) splitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) []byte {
 	n := uint32(len(buf))
 	head := n / 2 &^ uint32(sys.PageSize-1) // SplitMin ≥ two pages: head and tail not empty
 	op := &c.rd
@@ -935,18 +936,7 @@ func (c *Conn) startSplitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) er
 	c.stats.count(cSplits, 1)
 	c.queueCtlLocked(ctlMsg{typ: msgCTS, flags: flagSplit, id: e.id, off: head, size: n - head, addr: uint64(mr.Addr) + uint64(head), rkey: mr.RKey})
 	hook(stepSplitCTSSent)
-	wr := nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: buf[:head], LKey: mr.LKey, Remote: e.addr, RKey: e.rkey}
-	c.mu.Unlock()
-	err := c.qp.PostSend(wr)
-	c.mu.Lock()
-	if err != nil && c.rd.active {
-		c.rd = recvOp{}
-		c.dev.nic.Deregister(mr)
-		c.qpFailedLocked(err)
-		return c.writableLocked()
-	}
-	c.stats.count(cRDMAReads, 1)
-	return nil
+	return buf[:head]
 }
 
 // ntReadMin is the Read buffer from which direct RDMA Reads write with
