@@ -360,32 +360,9 @@ var attacks = []attack{
 	// buffer new to it, is copied); bad answers with a tail that does not
 	// reach the end, a cts without flagSplit, or two tails.
 	{name: "split tail out of range", cfg: splitCfg, split: true, reason: "split cts [0, +", victim: splitVictim,
-		lie: func(bad *Conn) (func() error, error) {
-			size, err := awaitSplitOffer(bad)
-			if err != nil {
-				return nil, err
-			}
-			return nil, rawSendErr(bad, hdr(msgCTS, func(h *header) {
-				h.SetFlags(flagSplit)
-				h.SetID(1)
-				h.SetSize(size)
-				h.SetAddr(4096)
-				h.SetRKey(1)
-			}), nil)
-		}},
+		lie: ctsForSplitOffer(flagSplit)},
 	{name: "plain cts for a split transfer", cfg: splitCfg, split: true, reason: "cts without flagSplit for read transfer 1", victim: splitVictim,
-		lie: func(bad *Conn) (func() error, error) {
-			size, err := awaitSplitOffer(bad)
-			if err != nil {
-				return nil, err
-			}
-			return nil, rawSendErr(bad, hdr(msgCTS, func(h *header) {
-				h.SetID(1)
-				h.SetSize(size)
-				h.SetAddr(4096)
-				h.SetRKey(1)
-			}), nil)
-		}},
+		lie: ctsForSplitOffer(0)},
 	{name: "second split cts", cfg: splitCfg, split: true, reason: "second split cts for transfer 1", victim: splitVictim,
 		lie: func(bad *Conn) (func() error, error) {
 			size, err := awaitSplitOffer(bad)
@@ -549,6 +526,25 @@ func awaitSplitOffer(bad *Conn) (uint32, error) {
 		return 0, fmt.Errorf("second rts not a split offer: %+v", e)
 	}
 	return e.size, nil
+}
+
+// ctsForSplitOffer answers splitVictim's split offer with a cts of the
+// flags for the whole transfer from offset 0: with flagSplit a tail that
+// starts at 0, without it a plain cts for a read rendezvous.
+func ctsForSplitOffer(flags uint8) func(bad *Conn) (func() error, error) {
+	return func(bad *Conn) (func() error, error) {
+		size, err := awaitSplitOffer(bad)
+		if err != nil {
+			return nil, err
+		}
+		return nil, rawSendErr(bad, hdr(msgCTS, func(h *header) {
+			h.SetFlags(flags)
+			h.SetID(1)
+			h.SetSize(size)
+			h.SetAddr(4096)
+			h.SetRKey(1)
+		}), nil)
+	}
 }
 
 // lyingSink waits until bad has received the victim's rts, then registers
