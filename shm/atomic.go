@@ -29,6 +29,8 @@ func store32(p *uint32, v uint32) { atomic.StoreUint32(p, v) }
 func swap32(p *uint32, v uint32) uint32 {
 	return atomic.SwapUint32(p, v)
 }
+func swap64(p *uint64, v uint64) uint64 { return atomic.SwapUint64(p, v) }
+func or64(p *uint64, v uint64)          { atomic.OrUint64(p, v) }
 
 // at returns a pointer to the 8-byte word at offset off from base. The
 // caller guarantees off+8 does not pass the end of the area base points to

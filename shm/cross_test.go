@@ -8,9 +8,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"net"
 	"testing"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/internal/testutil"
 )
 
@@ -38,6 +40,67 @@ func duplexSegment(t *testing.T) (*Segment, *os.File) {
 	}
 	t.Cleanup(func() { f.Close() })
 	return s, f
+}
+
+// exchangeHubs gives the peer at the other end of c our hub and returns
+// the peer's: the parent sends first.
+func exchangeHubs(c *net.UnixConn, h *Hub, parent bool) (*Notifier, error) {
+	if parent {
+		if err := SendHub(c, h); err != nil {
+			return nil, err
+		}
+		return RecvNotifier(c)
+	}
+	n, err := RecvNotifier(c)
+	if err != nil {
+		return nil, err
+	}
+	return n, SendHub(c, h)
+}
+
+// childHub opens the child's end of the hub exchange (fd 4) and returns
+// its hub and the parent's notifier.
+func childHub() (*Hub, *Notifier, error) {
+	fc, err := net.FileConn(os.NewFile(4, "hubsock"))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer fc.Close()
+	h, err := NewHub()
+	if err != nil {
+		return nil, nil, err
+	}
+	n, err := exchangeHubs(fc.(*net.UnixConn), h, false)
+	if err != nil {
+		h.Close()
+		return nil, nil, err
+	}
+	return h, n, nil
+}
+
+// parentHub starts the parent's end of the hub exchange: it returns the
+// file to pass to the child as fd 4 and a function that completes the
+// exchange once the child runs.
+func parentHub(t *testing.T) (*os.File, func() (*Hub, *Notifier)) {
+	a, b, err := sys.UnixPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return b, func() (*Hub, *Notifier) {
+		fc, err := net.FileConn(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fc.Close()
+		h := newHub(t)
+		n, err := exchangeHubs(fc.(*net.UnixConn), h, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return h, n
+	}
 }
 
 func openChildSegment() (*Segment, []byte, []byte, error) {
@@ -68,6 +131,12 @@ func init() {
 			return err
 		}
 		defer s.Close()
+		h, peer, err := childHub()
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		defer peer.Close() // after the producer's Close, which wakes the parent
 		c, err := NewConsumer(up, cfg)
 		if err != nil {
 			return err
@@ -77,6 +146,10 @@ func init() {
 			return err
 		}
 		defer p.Close()
+		cw, _ := h.NewWaiter()
+		pw, _ := h.NewWaiter()
+		c.SetWake(cw, peer)
+		p.SetWake(pw, peer)
 		for {
 			rec, err := c.Next(time.Now().Add(30 * time.Second))
 			if errors.Is(err, ErrClosed) {
@@ -129,7 +202,9 @@ func TestRingAcrossProcesses(t *testing.T) {
 	for _, mode := range []WaitMode{WaitBusyPoll, WaitBlock, WaitAdaptive} {
 		t.Run(mode.String(), func(t *testing.T) {
 			s, f := duplexSegment(t)
-			child := testutil.StartChild(t, "ringecho", []*os.File{f}, mode.String())
+			hf, exchange := parentHub(t)
+			child := testutil.StartChild(t, "ringecho", []*os.File{f, hf}, mode.String())
+			h, peer := exchange()
 			cfg := WaitConfig{Mode: mode, Spin: 20 * time.Microsecond}
 			up, _ := s.Region(xUpOff, RingSize(xCapacity))
 			down, _ := s.Region(xDownOff, RingSize(xCapacity))
@@ -141,6 +216,8 @@ func TestRingAcrossProcesses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			p.SetWake(newWaiter(t, h), peer)
+			c.SetWake(newWaiter(t, h), peer)
 			rng := rand.New(rand.NewPCG(3, 4))
 			msg := make([]byte, p.MaxPayload())
 			n := 20000

@@ -111,3 +111,33 @@ func RingSize(capacity int) int { return RingHeaderSize + capacity }
 func maxPayload(capacity int) int { return capacity/2 - 2*recHeaderSize }
 
 func recordSize(n int) int { return (recHeaderSize + n + recAlign - 1) &^ (recAlign - 1) }
+
+// Wake hub segment (KindWake), one per Hub: how peers wake this process's
+// parked waiters (hub.go). After the segment header, in 128-byte lines:
+//
+//	offset  line      written by           words
+//	   128  control   creator              magic u32 | version u32 | slots u32
+//	   256  doorbell  dispatcher, wakers   u32: 1 = the dispatcher is parked
+//	   384  summary   wakers, dispatcher   hubSlots/4096 u64: bit i of word j set =
+//	                                       pending word 64j+i may have bits set
+//	   512  pending   wakers, dispatcher   hubSlots/64 u64: bit i of word j set =
+//	                                       slot 64j+i was woken
+//
+// A waker sets the slot's pending bit, then its summary bit (atomic ORs),
+// then takes the doorbell (swap to 0) and signals the hub's eventfd if it
+// was set. The dispatcher announces on the doorbell, then swaps summary
+// words to zero and the pending words they name, and wakes those slots'
+// waiters; it parks on the eventfd only when it found nothing.
+const (
+	hubMagicOff    = SegmentHeaderSize
+	hubVersionOff  = hubMagicOff + 4
+	hubSlotsOff    = hubVersionOff + 4
+	hubBellOff     = SegmentHeaderSize + lineSize
+	hubSummaryOff  = hubBellOff + lineSize
+	hubPendingOff  = hubSummaryOff + lineSize
+	hubSlots       = 1 << 16
+	hubSegmentSize = hubPendingOff + hubSlots/8
+
+	hubMagic   = 0x454b4157 // "WAKE"
+	hubVersion = 1
+)

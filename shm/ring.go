@@ -3,13 +3,9 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"os"
-	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // InitRing lays out a fresh ring with a data area of capacity bytes in
@@ -72,8 +68,10 @@ type ring struct {
 	cBell   *uint32 // consumer doorbell
 	pBell   *uint32 // producer doorbell
 
-	wait WaitConfig
-	err  atomic.Pointer[error] // set once: the side failed or closed
+	wait   WaitStrategy
+	waiter *Waiter               // this side parks here; nil: it naps
+	peer   *Notifier             // wakes the peer's waiters; nil: none
+	err    atomic.Pointer[error] // set once: the side failed or closed
 }
 
 func (r *ring) attach(region []byte, cfg WaitConfig) error {
@@ -111,7 +109,7 @@ func (r *ring) attach(region []byte, cfg WaitConfig) error {
 	r.cClosed = word32(region, ringCClosedOff)
 	r.cBell = word32(region, ringConsumerBell)
 	r.pBell = word32(region, ringProducerBell)
-	r.wait = cfg
+	r.wait = NewWaitStrategy(cfg)
 	return nil
 }
 
@@ -134,12 +132,10 @@ func (r *ring) setErr(err error) error {
 	if !r.err.CompareAndSwap(nil, &err) {
 		return r.failed()
 	}
-	// Publish the failure (above), then withdraw any announcement so a
-	// waiter's FUTEX_WAIT either returns EAGAIN or is woken here.
-	for _, bell := range []*uint32{r.cBell, r.pBell} {
-		if swap32(bell, 0) != 0 {
-			sys.FutexWake(bell, 1<<30)
-		}
+	// Publish the failure (above), then wake this side's waiter: its
+	// re-check after the announcement sees it.
+	if r.waiter != nil {
+		r.waiter.Wake()
 	}
 	return err
 }
@@ -154,31 +150,23 @@ func (r *ring) Fail(err error) {
 	r.setErr(err)
 }
 
-// wake wakes the peer sleeping on bell if it announced that it sleeps.
-func wake(bell *uint32, wakes *uint64) {
+// SetWake gives the side the Waiter it parks on when it sleeps (nil: it
+// naps instead, polling) and the Notifier that wakes its peer's waiters
+// (nil: the peer is never woken, so it must not park: it spins or naps).
+// Call it before the side is used.
+func (r *ring) SetWake(w *Waiter, peer *Notifier) { r.waiter, r.peer = w, peer }
+
+// wake wakes the peer parked on bell if it announced that it sleeps.
+func (r *ring) wake(bell *uint32, wakes *uint64) {
 	// Load first: the common case is no sleeper, and a plain load keeps the
 	// doorbell line shared instead of pulling it over exclusively.
-	if load32(bell) != 0 && swap32(bell, 0) != 0 {
-		sys.FutexWake(bell, 1)
+	if load32(bell) == 0 {
+		return
+	}
+	if v := swap32(bell, 0); v != 0 && r.peer != nil {
+		r.peer.Notify(v - 1)
 		*wakes++
 	}
-}
-
-// sleep sleeps on bell while it reads 1, at most until deadline. It returns
-// os.ErrDeadlineExceeded when the deadline has passed.
-func sleep(bell *uint32, deadline time.Time) error {
-	timeout := int64(-1)
-	if !deadline.IsZero() {
-		timeout = int64(time.Until(deadline))
-		if timeout <= 0 {
-			return os.ErrDeadlineExceeded
-		}
-	}
-	err := sys.FutexWait(bell, 1, timeout)
-	if err != nil && !errors.Is(err, sys.EAGAIN) && !errors.Is(err, sys.EINTR) && !errors.Is(err, sys.ETIMEDOUT) {
-		return fmt.Errorf("shm: futex wait: %w", err)
-	}
-	return nil
 }
 
 // Producer is the writing side of a ring. It is not safe for concurrent use:
@@ -191,6 +179,8 @@ type Producer struct {
 	resvSize  uint64 // record bytes reserved by Reserve, 0 if none
 	resvPay   int    // payload bytes reserved
 	stats     WaitStats
+	need      uint64 // what waitSpace waits for
+	waitErr   error  // why it stopped
 }
 
 // NewProducer attaches to the ring in region as its producer.
@@ -277,7 +267,7 @@ func (p *Producer) Commit(tag uint16, n int) error {
 	p.resvSize = 0
 	// For observers (statistics) only; no side reads it to make progress.
 	*p.tail = p.tailPos
-	wake(p.cBell, &p.stats.Wakes)
+	p.wake(p.cBell, &p.stats.Wakes)
 	return nil
 }
 
@@ -324,60 +314,38 @@ func (p *Producer) check(need uint64) (bool, error) {
 }
 
 func (p *Producer) waitSpace(need uint64, deadline time.Time) error {
-	if ok, err := p.check(need); ok || err != nil {
-		if ok {
-			p.stats.Ready++
-		}
+	p.need, p.waitErr = need, nil
+	out, err := p.wait.Wait((*spaceWait)(p), p.waiter, deadline)
+	p.stats.count(out)
+	if err != nil {
 		return err
 	}
-	if p.wait.Mode != WaitBlock {
-		var spinEnd time.Time
-		if p.wait.Mode == WaitAdaptive {
-			spinEnd = time.Now().Add(p.wait.Spin)
-		}
-		for i := 1; ; i++ {
-			if load64(p.head) != p.headCache {
-				if ok, err := p.check(need); ok || err != nil {
-					if ok {
-						p.stats.Spun++
-					}
-					return err
-				}
-			}
-			if i%spinCheckEvery == 0 {
-				if ok, err := p.check(need); ok || err != nil {
-					if ok {
-						p.stats.Spun++
-					}
-					return err
-				}
-				now := time.Now()
-				if !deadline.IsZero() && now.After(deadline) {
-					return os.ErrDeadlineExceeded
-				}
-				if p.wait.Mode == WaitAdaptive && now.After(spinEnd) {
-					break
-				}
-				if i%(spinCheckEvery*256) == 0 {
-					runtime.Gosched()
-				}
-			}
-		}
+	return p.waitErr
+}
+
+// spaceWait is a Producer waiting for room for need bytes.
+type spaceWait Producer
+
+func (w *spaceWait) Ready() bool {
+	p := (*Producer)(w)
+	if load64(p.head) == p.headCache && p.err.Load() == nil && load32(p.cClosed) == 0 {
+		return false
 	}
-	p.stats.Slept++
-	for {
-		// Announce, then re-check: the consumer stores head, then loads the
-		// doorbell, so one of us sees the other.
-		store32(p.pBell, 1)
-		ok, err := p.check(need)
-		if ok || err != nil {
-			store32(p.pBell, 0)
-			return err
-		}
-		if err := sleep(p.pBell, deadline); err != nil {
-			store32(p.pBell, 0)
-			return err
-		}
+	ok, err := p.check(p.need)
+	p.waitErr = err
+	return ok || err != nil
+}
+
+func (w *spaceWait) Arm(bell uint32) { store32(w.pBell, bell) }
+
+func (s *WaitStats) count(o Outcome) {
+	switch o {
+	case WaitedReady:
+		s.Ready++
+	case WaitedSpun:
+		s.Spun++
+	default:
+		s.Slept++
 	}
 }
 
@@ -387,7 +355,7 @@ func (p *Producer) waitSpace(need uint64, deadline time.Time) error {
 func (p *Producer) Close() error {
 	store32(p.pClosed, 1) // publishes: no record follows the last commit
 	var wakes uint64
-	wake(p.cBell, &wakes)
+	p.wake(p.cBell, &wakes)
 	p.setErr(ErrClosed)
 	return nil
 }
@@ -408,6 +376,8 @@ type Consumer struct {
 	headPos  uint64 // next record position (private)
 	released uint64 // head as last published
 	stats    WaitStats
+	got      Record // what Next's wait found
+	gotErr   error
 }
 
 // NewConsumer attaches to the ring in region as its consumer.
@@ -492,51 +462,30 @@ func (c *Consumer) Next(deadline time.Time) (Record, error) {
 		}
 		return rec, err
 	}
-	if c.wait.Mode != WaitBlock {
-		var spinEnd time.Time
-		if c.wait.Mode == WaitAdaptive {
-			spinEnd = time.Now().Add(c.wait.Spin)
-		}
-		for i := 1; ; i++ {
-			if load64(at(c.data, c.headPos&c.mask)) != 0 || i%spinCheckEvery == 0 {
-				rec, ok, err := c.Poll()
-				if ok || err != nil {
-					if ok {
-						c.stats.Spun++
-					}
-					return rec, err
-				}
-			}
-			if i%spinCheckEvery == 0 {
-				now := time.Now()
-				if !deadline.IsZero() && now.After(deadline) {
-					return Record{}, os.ErrDeadlineExceeded
-				}
-				if c.wait.Mode == WaitAdaptive && now.After(spinEnd) {
-					break
-				}
-				if i%(spinCheckEvery*256) == 0 {
-					runtime.Gosched()
-				}
-			}
-		}
+	c.got, c.gotErr = Record{}, nil
+	out, err := c.wait.Wait((*nextWait)(c), c.waiter, deadline)
+	c.got.Data = c.got.Data[:len(c.got.Data):len(c.got.Data)]
+	c.stats.count(out)
+	if err != nil {
+		return Record{}, err
 	}
-	c.stats.Slept++
-	for {
-		// Announce, then re-check: the producer commits, then loads the
-		// doorbell, so one of us sees the other.
-		store32(c.cBell, 1)
-		rec, ok, err := c.Poll()
-		if ok || err != nil {
-			store32(c.cBell, 0)
-			return rec, err
-		}
-		if err := sleep(c.cBell, deadline); err != nil {
-			store32(c.cBell, 0)
-			return Record{}, err
-		}
-	}
+	return c.got, c.gotErr
 }
+
+// nextWait is a Consumer waiting for a record.
+type nextWait Consumer
+
+func (w *nextWait) Ready() bool {
+	c := (*Consumer)(w)
+	if !c.Pending() {
+		return false
+	}
+	rec, ok, err := c.Poll()
+	c.got, c.gotErr = rec, err
+	return ok || err != nil
+}
+
+func (w *nextWait) Arm(bell uint32) { store32(w.cBell, bell) }
 
 // Unreleased returns the bytes of records returned so far and not yet
 // released.
@@ -551,7 +500,7 @@ func (c *Consumer) Release() {
 	}
 	store64(c.head, c.headPos) // publishes: the space before head is free
 	c.released = c.headPos
-	wake(c.pBell, &c.stats.Wakes)
+	c.wake(c.pBell, &c.stats.Wakes)
 }
 
 // Close tells the producer that nothing more is read, wakes it, and makes
@@ -560,7 +509,7 @@ func (c *Consumer) Release() {
 func (c *Consumer) Close() error {
 	store32(c.cClosed, 1) // publishes: the consumer reads no more
 	var wakes uint64
-	wake(c.pBell, &wakes)
+	c.wake(c.pBell, &wakes)
 	c.setErr(ErrClosed)
 	return nil
 }

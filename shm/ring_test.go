@@ -35,7 +35,31 @@ func newRing(t testing.TB, capacity int, pc, cc WaitConfig) (*Producer, *Consume
 	if err != nil {
 		t.Fatal(err)
 	}
+	h := newHub(t)
+	p.SetWake(newWaiter(t, h), h.Notifier())
+	c.SetWake(newWaiter(t, h), h.Notifier())
 	return p, c
+}
+
+// newHub returns a hub closed when the test ends.
+func newHub(t testing.TB) *Hub {
+	t.Helper()
+	h, err := NewHub()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func newWaiter(t testing.TB, h *Hub) *Waiter {
+	t.Helper()
+	w, err := h.NewWaiter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	return w
 }
 
 func TestInitRingRefuses(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 // define their own kinds at KindUser and above.
 const (
 	KindRings uint32 = 1 // one or more rings, the layout its user defines
+	KindWake  uint32 = 2 // a wake hub's table (Hub)
 	KindUser  uint32 = 0x100
 )
 

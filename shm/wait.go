@@ -1,7 +1,10 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"runtime"
 	"time"
 )
 
@@ -79,14 +82,155 @@ func (c WaitConfig) orDefault() WaitConfig {
 }
 
 // WaitStats counts how a side's waits ended. Ready+Spun+Slept is the number
-// of waits; Wakes counts FUTEX_WAKE calls this side issued to its peer.
+// of waits; Wakes counts wake-ups this side issued to its peer.
 type WaitStats struct {
 	Ready uint64 // the condition held at the first look
 	Spun  uint64 // it came true while spinning
-	Slept uint64 // the side slept on the futex at least once
+	Slept uint64 // the side parked at least once
 	Wakes uint64 // wake-ups issued to the peer
 }
 
-// spinCheckEvery is how many spin iterations pass between looks at the
-// clock, the deadline and the failure state.
-const spinCheckEvery = 64
+// SpinCheckEvery is how many looks a spinning wait takes between looks at
+// the clock, the deadline and the failure state, and between yields of
+// its processor to other goroutines (runtime.Gosched).
+const SpinCheckEvery = 64
+
+// A Waitable is what a wait waits for.
+type Waitable interface {
+	// Ready looks once, without blocking; true ends the wait (the
+	// condition holds, or something else ends it: the caller knows).
+	Ready() bool
+	// Arm stores bell in the shared doorbell words the wait sleeps on —
+	// the waiter's Bell() to announce the sleep, zero to withdraw it.
+	Arm(bell uint32)
+}
+
+// Outcome tells how a wait ended.
+type Outcome uint8
+
+const (
+	WaitedReady Outcome = iota // the first look found it
+	WaitedSpun                 // found while spinning
+	WaitedSlept                // parked at least once
+)
+
+// WaitStrategy is the one way everything in sandirect waits for a peer:
+// rings, completion queues and connections (as Aeron's IdleStrategy is one
+// thing). It looks; spins, as the mode says, yielding the processor to
+// other goroutines as it does; then announces on the doorbells and parks
+// on a Waiter — in the Go scheduler, never in a blocking system call. In
+// WaitAdaptive it spins only while spinning pays: a wait that would not
+// have ended within the spin time makes the next ones park at once, and a
+// short one brings the spin back (a spin that cannot catch its peer only
+// takes a CPU from the goroutines and processes that do the work). Its
+// state is its caller's: not safe for concurrent use.
+type WaitStrategy struct {
+	cfg   WaitConfig
+	score int8 // adaptive: >= 0 spins; waits shorter than Spin raise it
+}
+
+// NewWaitStrategy returns the strategy for cfg (zero: the default).
+func NewWaitStrategy(cfg WaitConfig) WaitStrategy {
+	return WaitStrategy{cfg: cfg.orDefault()}
+}
+
+// Config returns the configuration in force.
+func (s *WaitStrategy) Config() WaitConfig { return s.cfg }
+
+// naps bound how a side without a Waiter sleeps: it polls with growing
+// naps (a timer in the Go scheduler), as nobody can wake it.
+const (
+	firstNap = time.Microsecond
+	maxNap   = 100 * time.Microsecond
+)
+
+// Wait waits until x.Ready() reports true or deadline passes (zero: no
+// deadline; then os.ErrDeadlineExceeded). It parks on w (nil: naps). It
+// returns as soon as Ready says true, and never calls it again then: Ready
+// may consume what it found.
+func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome, error) {
+	if x.Ready() {
+		return WaitedReady, nil
+	}
+	var start time.Time
+	switch s.cfg.Mode {
+	case WaitBusyPoll:
+		return WaitedSpun, spin(x, deadline, time.Time{})
+	case WaitAdaptive:
+		start = time.Now()
+		if s.score >= 0 {
+			err := spin(x, deadline, start.Add(s.cfg.Spin))
+			if err == nil {
+				s.score = min(s.score+1, 4)
+				return WaitedSpun, nil
+			}
+			if err != errSpinOver {
+				return WaitedSpun, err
+			}
+		}
+	}
+	err := park(x, w, deadline)
+	if s.cfg.Mode == WaitAdaptive && err == nil {
+		// Would a spin have caught it? The park's own wake-up time is
+		// part of the measure: a reply that came at once still counts.
+		if time.Since(start) < s.cfg.Spin {
+			s.score = min(s.score+1, 4)
+		} else {
+			s.score = max(s.score-1, -4)
+		}
+	}
+	return WaitedSlept, err
+}
+
+// errSpinOver ends a spin whose time is up.
+var errSpinOver = errors.New("spin over")
+
+// spin looks until x is ready, deadline passes or, if end is not zero,
+// end passes (errSpinOver).
+func spin(x Waitable, deadline, end time.Time) error {
+	for i := 1; ; i++ {
+		if x.Ready() {
+			return nil
+		}
+		if i%SpinCheckEvery == 0 {
+			if !deadline.IsZero() || !end.IsZero() {
+				now := time.Now()
+				if !deadline.IsZero() && now.After(deadline) {
+					return os.ErrDeadlineExceeded
+				}
+				if !end.IsZero() && now.After(end) {
+					return errSpinOver
+				}
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// park announces, re-checks and parks until x is ready.
+func park(x Waitable, w *Waiter, deadline time.Time) error {
+	if w == nil {
+		for nap := firstNap; ; nap = min(2*nap, maxNap) {
+			if x.Ready() {
+				return nil
+			}
+			if !deadline.IsZero() && time.Now().After(deadline) {
+				return os.ErrDeadlineExceeded
+			}
+			time.Sleep(nap)
+		}
+	}
+	for {
+		// Announce, then re-check (in Park): a waker makes its change,
+		// then takes the doorbell, so one of us sees the other.
+		x.Arm(w.Bell())
+		ok, err := w.Park(x.Ready, deadline)
+		x.Arm(0)
+		if ok || x.Ready() {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}

@@ -9,107 +9,70 @@ import (
 	"time"
 )
 
+// setWait parks on a WaitSet's rings and on in-process work (local).
+type setWait struct {
+	ws    *WaitSet
+	local *atomic.Bool
+}
+
+func (s setWait) Ready() bool {
+	if s.local.Load() {
+		return true
+	}
+	for _, c := range s.ws.cs {
+		if c.Pending() {
+			return true
+		}
+	}
+	return false
+}
+
+func (s setWait) Arm(bell uint32) { s.ws.Arm(bell) }
+
+// TestWaitSet: a goroutine parked on a set of two rings is woken by a
+// commit on either ring, by a close and by an in-process Wake, each only
+// once it has announced itself on both doorbells; Remove withdraws the
+// announcement and forgets the ring.
 func TestWaitSet(t *testing.T) {
 	p1, c1 := newRing(t, 4096, WaitConfig{}, WaitConfig{})
 	p2, c2 := newRing(t, 4096, WaitConfig{}, WaitConfig{})
-	var w WaitSet
-	w.Add(c1)
-	w.Add(c2)
-	never := func() bool { return false }
-	if err := w.Wait(never, time.Now().Add(10*time.Millisecond)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatal(err)
-	}
-	if err := w.Wait(never, time.Now().Add(-time.Second)); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("past deadline: %v", err)
-	}
+	h := newHub(t)
+	w := newWaiter(t, h)
+	// The producers wake through this hub, where w lives.
+	p1.SetWake(nil, h.Notifier())
+	p2.SetWake(nil, h.Notifier())
+	var ws WaitSet
+	ws.Add(c1)
+	ws.Add(c2)
 	var local atomic.Bool
-	wakers := []struct {
+	x := setWait{&ws, &local}
+	strat := NewWaitStrategy(WaitConfig{Mode: WaitBlock})
+	if _, err := strat.Wait(x, w, time.Now().Add(10*time.Millisecond)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("nothing happened: %v", err)
+	}
+	for _, wk := range []struct {
 		name string
 		wake func()
 	}{
 		{"second ring", func() { p2.Write(0, []byte("x"), time.Time{}) }},
 		{"first ring", func() { p1.Write(0, []byte("y"), time.Time{}) }},
-		{"bell", func() { local.Store(true); w.Ring() }},
+		{"local", func() { local.Store(true); w.Wake() }},
 		{"close", func() { p1.Close() }},
-	}
-	ready := func() bool { return local.Load() || c1.Pending() || c2.Pending() }
-	for _, wk := range wakers {
-		t.Run(wk.name, func(t *testing.T) {
-			done := make(chan error, 1)
-			go func() {
-				for {
-					// Return once something is pending.
-					if ready() {
-						done <- nil
-						return
-					}
-					if err := w.Wait(ready, time.Now().Add(20*time.Second)); err != nil {
-						done <- err
-						return
-					}
-				}
-			}()
-			wk.wake()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("WaitSet not woken")
-			}
-			// Consume what woke us so the next case starts idle.
-			for _, c := range []*Consumer{c1, c2} {
-				if _, ok, _ := c.Poll(); ok {
-					c.Release()
-				}
-			}
-		})
-	}
-	w.Remove(c1)
-	w.Remove(c2)
-	if len(w.cs) != 0 {
-		t.Fatalf("Remove left %d", len(w.cs))
-	}
-}
-
-// TestWaitSetOneRing: a set of one ring sleeps on that ring's doorbell
-// alone (plain FUTEX_WAIT), and Ring, a commit and a close each wake it
-// once it has announced itself; Remove forgets the word.
-func TestWaitSetOneRing(t *testing.T) {
-	p, c := newRing(t, 4096, WaitConfig{}, WaitConfig{})
-	var w WaitSet
-	w.Add(c)
-	var local atomic.Bool
-	ready := func() bool { return local.Load() || c.Pending() }
-	for _, wk := range []struct {
-		name string
-		wake func()
-	}{
-		{"bell", func() { local.Store(true); w.Ring() }},
-		{"commit", func() { p.Write(0, []byte("x"), time.Time{}) }},
-		{"close", func() { p.Close() }},
 	} {
 		t.Run(wk.name, func(t *testing.T) {
 			local.Store(false)
 			done := make(chan error, 1)
+			deadline := time.Now().Add(20 * time.Second)
 			go func() {
-				deadline := time.Now().Add(20 * time.Second)
-				for !ready() {
-					if err := w.Wait(ready, deadline); err != nil {
-						done <- err
-						return
-					}
+				_, err := strat.Wait(x, w, deadline)
+				if err == nil && time.Now().After(deadline) {
+					err = errors.New("woken by the deadline, not by the wake-up")
 				}
-				if time.Now().After(deadline) {
-					done <- errors.New("woken by the deadline, not by the wake-up")
-					return
-				}
-				done <- nil
+				done <- err
 			}()
-			// Wake only once the waiter has announced itself on both words
-			// (it is asleep, or about to be and will see the change).
-			for w.bell.Load() == 0 || load32(c.cBell) == 0 {
+			// Wake only once the waiter has announced itself on both
+			// doorbells and is parked (or about to be: it will see it).
+			for load32(c1.cBell) != w.Bell() || load32(c2.cBell) != w.Bell() || w.sleeping.Load() == 0 {
 				select {
 				case err := <-done:
 					t.Fatalf("Wait returned before anything happened: %v", err)
@@ -117,20 +80,24 @@ func TestWaitSetOneRing(t *testing.T) {
 					runtime.Gosched()
 				}
 			}
-			if got := w.one.Load(); got != c.cBell {
-				t.Fatalf("one ring: the waiter sleeps on %p, want the ring's doorbell %p", got, c.cBell)
-			}
 			wk.wake()
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
-			if _, ok, _ := c.Poll(); ok {
-				c.Release()
+			if load32(c1.cBell) != 0 || load32(c2.cBell) != 0 {
+				t.Fatal("the announcement outlived the wait")
+			}
+			for _, c := range []*Consumer{c1, c2} {
+				if _, ok, _ := c.Poll(); ok {
+					c.Release()
+				}
 			}
 		})
 	}
-	w.Remove(c)
-	if w.one.Load() != nil {
-		t.Fatal("Remove kept the ring's doorbell")
+	store32(c2.cBell, 7)
+	ws.Remove(c1)
+	ws.Remove(c2)
+	if ws.Len() != 0 || load32(c2.cBell) != 0 {
+		t.Fatalf("Remove left %d rings, doorbell %d", ws.Len(), load32(c2.cBell))
 	}
 }

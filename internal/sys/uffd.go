@@ -121,6 +121,17 @@ func EventfdSignal(fd int) error {
 	return err
 }
 
+// EventfdDrain reads an eventfd's count and resets it to zero. On a
+// non-blocking eventfd whose count is zero it returns EAGAIN.
+func EventfdDrain(fd int) (uint64, error) {
+	var b [8]byte
+	if _, err := unix.Read(fd, b[:]); err != nil {
+		return 0, err
+	}
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56, nil
+}
+
 // Poll readiness results of PollIn.
 const (
 	PollReady = 1 << iota // POLLIN

@@ -1,9 +1,11 @@
 package testutil
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,4 +89,19 @@ func ResidentKiB(mem []byte) (int, error) {
 		n += int(v & 1)
 	}
 	return n * sys.PageSize / 1024, nil
+}
+
+// Threads returns the number of OS threads of this process, as the
+// kernel counts them (/proc/self/status).
+func Threads() (int, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no Threads line in /proc/self/status")
 }

@@ -1,0 +1,151 @@
+package shm
+
+import (
+	"errors"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/internal/testutil"
+)
+
+// dupNotifier opens h through copies of its descriptors, as a peer
+// process would: wakes go through the shared table and the eventfd.
+func dupNotifier(t *testing.T, h *Hub) *Notifier {
+	t.Helper()
+	table, event := h.Fds()
+	t2, err1 := sys.Dup(table)
+	e2, err2 := sys.Dup(event)
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	n, err := OpenNotifier(t2, e2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// TestHubParksWithoutThreads parks thousands of goroutines, each on its
+// own waiter, and checks that the process's OS threads do not grow with
+// them (a futex wait holds a thread each); then it wakes every one through
+// the shared table and the eventfd, as a peer process does.
+func TestHubParksWithoutThreads(t *testing.T) {
+	const n = 3000
+	h := newHub(t)
+	note := dupNotifier(t, h)
+	before, err := testutil.Threads()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parked, woken sync.WaitGroup
+	ws := make([]*Waiter, n)
+	for i := range ws {
+		ws[i] = newWaiter(t, h)
+	}
+	errs := make(chan error, n)
+	for _, w := range ws {
+		parked.Add(1)
+		woken.Add(1)
+		go func() {
+			defer woken.Done()
+			first := true
+			_, err := w.Park(func() bool {
+				if first {
+					first = false
+					parked.Done()
+				}
+				return false
+			}, time.Now().Add(time.Minute))
+			errs <- err
+		}()
+	}
+	parked.Wait()
+	for _, w := range ws { // each is parked, or about to be
+		for w.sleeping.Load() == 0 {
+			runtime.Gosched()
+		}
+	}
+	during, err := testutil.Threads()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("threads: %d before, %d with %d goroutines parked (GOMAXPROCS %d)", before, during, n, runtime.GOMAXPROCS(0))
+	if limit := before + runtime.GOMAXPROCS(0) + 20; during > limit {
+		t.Errorf("%d threads with %d parked waiters, want at most %d", during, n, limit)
+	}
+	for _, w := range ws {
+		note.Notify(w.Slot())
+	}
+	woken.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("a parked waiter: %v (not woken by its Notify)", err)
+		}
+	}
+}
+
+// TestNotifyHostileSlots: a slot out of range wakes nothing and touches
+// nothing outside the table; a free slot's wake-up is lost harmlessly,
+// and a slot given back and taken again wakes its new waiter only
+// spuriously (it re-checks).
+func TestNotifyHostileSlots(t *testing.T) {
+	h := newHub(t)
+	note := dupNotifier(t, h)
+	for _, slot := range []uint32{hubSlots, hubSlots + 1, 1 << 31, ^uint32(0)} {
+		note.Notify(slot)
+	}
+	note.Notify(12345) // no waiter there
+	w := newWaiter(t, h)
+	w.Close()
+	w2 := newWaiter(t, h)
+	if w2.Slot() != w.Slot() {
+		t.Fatalf("slot %d not reused (got %d)", w.Slot(), w2.Slot())
+	}
+	// A wake-up before the waiter parks is stale: Park drops it.
+	note.Notify(w2.Slot())
+	for len(w2.ch) == 0 {
+		runtime.Gosched() // the dispatcher has not posted it yet
+	}
+	if _, err := w2.Park(nil, time.Now().Add(10*time.Millisecond)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a park after a stale wake-up: %v", err)
+	}
+	done := make(chan error, 1)
+	announced := make(chan struct{})
+	go func() {
+		_, err := w2.Park(func() bool { close(announced); return false }, time.Now().Add(20*time.Second))
+		done <- err
+	}()
+	<-announced
+	note.Notify(w2.Slot())
+	if err := <-done; err != nil {
+		t.Fatalf("woken slot: %v", err)
+	}
+}
+
+// TestOpenNotifierRefuses: a table that is not a wake hub's is refused
+// with ErrCorrupt or ErrBadSegment, and its descriptors are closed.
+func TestOpenNotifierRefuses(t *testing.T) {
+	s := newSegment(t, hubSegmentSize)
+	f, err := s.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ev, err := sys.Eventfd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := sys.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenNotifier(fd, ev); !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrBadSegment) {
+		t.Fatalf("a rings segment as a wake table: %v", err)
+	}
+}
