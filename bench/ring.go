@@ -20,9 +20,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"slices"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -89,7 +92,17 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := startPeer(env, "ring", seg)
+	segf, err := seg.File()
+	if err != nil {
+		return nil, err
+	}
+	hubMine, hubTheirs, err := sys.UnixPair()
+	if err != nil {
+		segf.Close()
+		return nil, err
+	}
+	defer hubMine.Close()
+	p, err := startPeerFiles(env, "ring", segf, hubTheirs)
 	if err != nil {
 		return nil, err
 	}
@@ -98,6 +111,10 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 			err = cerr
 		}
 	}()
+	if ringWk, err = linkHubs(hubMine, true); err != nil {
+		return nil, fmt.Errorf("wake hubs: %w", err)
+	}
+	defer ringWk.close()
 
 	modes := []struct {
 		mode      shm.WaitMode
@@ -198,7 +215,75 @@ func attachParent(rr ringRegions, capA, capB int, mode shm.WaitMode) (*shm.Produ
 	if err != nil {
 		return nil, nil, err
 	}
+	ringWk.attach(pa, cb)
 	return pa, cb, nil
+}
+
+// ringWk links the parent's rings to the peer's wake hub and its own.
+var ringWk *hubLink
+
+// hubLink is one process's side of the two processes' wake hubs: its own
+// hub with a waiter for each ring side it holds, and the peer's hub.
+type hubLink struct {
+	hub    *shm.Hub
+	w1, w2 *shm.Waiter
+	peer   *shm.Notifier
+}
+
+// linkHubs creates this process's hub and exchanges it with the peer's
+// over the socket f (the parent sends first).
+func linkHubs(f *os.File, parent bool) (*hubLink, error) {
+	fc, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	defer fc.Close()
+	c := fc.(*net.UnixConn)
+	h, err := shm.NewHub()
+	if err != nil {
+		return nil, err
+	}
+	l := &hubLink{hub: h}
+	if parent {
+		err = shm.SendHub(c, h)
+		if err == nil {
+			l.peer, err = shm.RecvNotifier(c)
+		}
+	} else {
+		l.peer, err = shm.RecvNotifier(c)
+		if err == nil {
+			err = shm.SendHub(c, h)
+		}
+	}
+	if err == nil {
+		if l.w1, err = h.NewWaiter(); err == nil {
+			l.w2, err = h.NewWaiter()
+		}
+	}
+	if err != nil {
+		l.close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// attach makes p and c park on the link's waiters and wake the peer's.
+func (l *hubLink) attach(p *shm.Producer, c *shm.Consumer) {
+	p.SetWake(l.w1, l.peer)
+	c.SetWake(l.w2, l.peer)
+}
+
+func (l *hubLink) close() {
+	if l.peer != nil {
+		l.peer.Close()
+	}
+	if l.w1 != nil {
+		l.w1.Close()
+	}
+	if l.w2 != nil {
+		l.w2.Close()
+	}
+	l.hub.Close()
 }
 
 // ringPingPong measures round trips of size-byte records for about budget
@@ -338,6 +423,11 @@ func ringPeer(pc *peerConn) error {
 	if err != nil {
 		return err
 	}
+	wk, err := linkHubs(os.NewFile(firstSegFd+1, "hubs"), false)
+	if err != nil {
+		return fmt.Errorf("wake hubs: %w", err)
+	}
+	defer wk.close()
 	return pc.serve(func(cmd ctlMsg) error {
 		mode, err := shm.ParseWaitMode(cmd.Mode)
 		if err != nil {
@@ -352,6 +442,7 @@ func ringPeer(pc *peerConn) error {
 		if err != nil {
 			return err
 		}
+		wk.attach(pb, ca)
 		if ca.Capacity() != cmd.Capacity {
 			return fmt.Errorf("ring A has capacity %d, command says %d", ca.Capacity(), cmd.Capacity)
 		}

@@ -22,8 +22,8 @@ import (
 
 const (
 	cmMagic      = 0x4d434453 // "SDCM"
-	cmVersion    = 2          // 2: SEG_DEL
-	cmMinVersion = 1
+	cmVersion    = 3 // 2: SEG_DEL; 3: wake hubs
+	cmMinVersion = 3
 	cmHelloSize  = 32
 	cmMaxReason  = 200
 	cmFlagRead   = 1 << 0
@@ -277,7 +277,7 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 		return nil, fmt.Errorf("%w: handshake: %v", ErrProtocol, err)
 	}
 	h, err := parseHello(buf[:n])
-	if err == nil && (len(fds) != 2 || h.ringCapacity == 0 || h.flags&cmFlagReject != 0) {
+	if err == nil && (len(fds) != 4 || h.ringCapacity == 0 || h.flags&cmFlagReject != 0) {
 		err = fmt.Errorf("%w: hello with %d fds, ring capacity %d", ErrProtocol, len(fds), h.ringCapacity)
 	}
 	var ver uint16
@@ -289,14 +289,15 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 		reject(conn, err)
 		return nil, err
 	}
-	qp, err := d.newQP(conn, opts, false, fds[0], fds[1], int(h.ringCapacity))
+	qp, err := d.newQP(conn, opts, false, [4]int(fds), int(h.ringCapacity))
 	if err != nil {
 		reject(conn, err)
 		return nil, err
 	}
 	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version = pid, uid, h.attr(), ver
 	reply := d.hello(0)
-	if err := sys.SendFds(conn, reply.marshal(), d.regSeg.Fd()); err != nil {
+	hubTable, hubEvent := d.hub.Fds()
+	if err := sys.SendFds(conn, reply.marshal(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
 		qp.Close()
 		return nil, fmt.Errorf("nic: handshake reply: %w", err)
 	}
@@ -349,7 +350,8 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		}
 	}
 	h := d.hello(capacity)
-	if err := sys.SendFds(conn, h.marshal(), seg.Fd(), d.regSeg.Fd()); err != nil {
+	hubTable, hubEvent := d.hub.Fds()
+	if err := sys.SendFds(conn, h.marshal(), seg.Fd(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
 		return nil, fmt.Errorf("nic: handshake: %w", err)
 	}
 	buf := make([]byte, cmHelloSize+cmMaxReason+1)
@@ -361,7 +363,7 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	if err == nil && r.flags&cmFlagReject != 0 {
 		err = fmt.Errorf("%w by peer: %s", ErrRefused, r.reason)
 	}
-	if err == nil && len(fds) != 1 {
+	if err == nil && len(fds) != 3 {
 		err = fmt.Errorf("%w: reply with %d fds", ErrProtocol, len(fds))
 	}
 	var ver uint16
@@ -377,7 +379,7 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		sys.CloseAll(fds)
 		return nil, err
 	}
-	qp, err := d.newQP(conn, opts, true, qpFd, fds[0], capacity)
+	qp, err := d.newQP(conn, opts, true, [4]int{qpFd, fds[0], fds[1], fds[2]}, capacity)
 	if err != nil {
 		return nil, err
 	}
@@ -387,9 +389,26 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	return qp, nil
 }
 
-// newQP maps the queue pair segment and the peer's registration table
-// (taking ownership of both fds) and attaches to the rings.
-func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, tableFd, capacity int) (*QueuePair, error) {
+// newQP maps the queue pair segment, the peer's registration table and
+// its wake hub (taking ownership of the fds: queue pair segment,
+// registration table, hub table, hub eventfd) and attaches to the rings.
+func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, fds [4]int, capacity int) (*QueuePair, error) {
+	qpFd, tableFd := fds[0], fds[1]
+	note, err := importNotifier(fds[2], fds[3])
+	if err != nil {
+		sys.Close(qpFd)
+		sys.Close(tableFd)
+		return nil, fmt.Errorf("%w: peer wake hub: %v", ErrProtocol, err)
+	}
+	qp, err := d.mapQP(conn, opts, dialer, qpFd, tableFd, capacity, note)
+	if err != nil {
+		releaseNotifier(note)
+	}
+	return qp, err
+}
+
+// mapQP is newQP once the peer's hub is open.
+func (d *Device) mapQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, tableFd, capacity int, note *shm.Notifier) (*QueuePair, error) {
 	tseg, err := importSegment(tableFd, kindRegTable, regEntriesStart, true)
 	if err != nil {
 		sys.Close(qpFd)
@@ -440,7 +459,12 @@ func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, ta
 	if err != nil {
 		return fail(err)
 	}
+	// Neither ring parks on its own: the receive CQ's waiter sleeps on the
+	// incoming ring (WaitSet) and the engine retries a full outgoing ring.
+	out.SetWake(nil, note)
+	in.SetWake(nil, note)
 	qp := &QueuePair{
+		note:       note,
 		dev:        d,
 		sendCQ:     opts.SendCQ,
 		recvCQ:     opts.RecvCQ,

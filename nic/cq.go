@@ -1,7 +1,6 @@
 package nic
 
 import (
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -57,8 +56,7 @@ func (c *Completion) Err() error {
 // safe for concurrent use. Polling or waiting on a queue pair's receive
 // CQ is what moves its incoming sends into posted receives.
 type CompletionQueue struct {
-	dev  *Device
-	wait shm.WaitConfig
+	dev *Device
 
 	mu sync.Mutex // guards q, head; never held while calling into a QP
 	q  []Completion
@@ -69,37 +67,113 @@ type CompletionQueue struct {
 	sqps  atomic.Pointer[[]*QueuePair] // QPs whose queued send work this CQ's pollers run; copy on write
 	dirty atomic.Bool                  // qps changed since the waiter built ws
 	woken atomic.Bool                  // Wake was called: the next Wait returns early
+	// waiter is what a Wait parks on: taken from the device's hub at the
+	// first Wait that parks, given back by Close. Peers wake it through
+	// the rings' doorbells, this process through wakeWaiter.
+	waiter atomic.Pointer[shm.Waiter]
 
-	waitMu sync.Mutex // serializes waiters; guards ws
+	waitMu sync.Mutex // serializes waiters; guards ws, wsQPs, strat, look
 	ws     shm.WaitSet
 	wsQPs  []*QueuePair
-	ready  func() bool
+	strat  shm.WaitStrategy
+	look   cqWait
+	closed bool
 }
 
 // NewCQ creates a completion queue.
 func (d *Device) NewCQ() *CompletionQueue {
-	cq := &CompletionQueue{dev: d, wait: d.cfg.Wait}
+	cq := &CompletionQueue{dev: d, strat: shm.NewWaitStrategy(d.cfg.Wait)}
 	cq.qps.Store(new([]*QueuePair))
 	cq.sqps.Store(new([]*QueuePair))
-	cq.ready = cq.readyToWake
+	cq.look.cq = cq
 	return cq
 }
 
-// readyToWake tells a waiter (holding waitMu) not to sleep: completions
-// are queued, the set changed, or a queue pair with posted receives has
-// something in its ring. Records waiting for a receive do not count:
-// PostRecv moves them and rings the CQ itself.
-func (cq *CompletionQueue) readyToWake() bool {
-	if cq.dirty.Load() || cq.woken.Load() || cq.pending() {
+// SetWait makes the CQ's Waits wait as cfg says instead of as the
+// device's configuration does. Call it before the CQ is waited on.
+func (cq *CompletionQueue) SetWait(cfg shm.WaitConfig) {
+	cq.waitMu.Lock()
+	cq.strat = shm.NewWaitStrategy(cfg)
+	cq.waitMu.Unlock()
+}
+
+// Close gives the completion queue's waiter back to the device. Call it
+// once no queue pair uses the CQ; a Wait after Close polls with naps.
+func (cq *CompletionQueue) Close() {
+	cq.waitMu.Lock()
+	cq.closed = true
+	if w := cq.waiter.Swap(nil); w != nil {
+		w.Close()
+	}
+	cq.waitMu.Unlock()
+}
+
+// wakeWaiter wakes a Wait that parks (or is about to).
+func (cq *CompletionQueue) wakeWaiter() {
+	if w := cq.waiter.Load(); w != nil {
+		w.Wake()
+	}
+}
+
+// waiterLocked returns the CQ's waiter, taking one from the hub the first
+// time (nil: none to be had, or closed; Wait then naps). The caller holds
+// waitMu.
+func (cq *CompletionQueue) waiterLocked() *shm.Waiter {
+	if w := cq.waiter.Load(); w != nil || cq.closed {
+		return w
+	}
+	w, err := cq.dev.hub.NewWaiter()
+	if err != nil {
+		return nil
+	}
+	cq.waiter.Store(w)
+	return w
+}
+
+// cqWait is a Wait in progress: what it looks at and what it found.
+type cqWait struct {
+	cq    *CompletionQueue
+	out   []Completion
+	n     int
+	armed bool // announced: Ready only looks, it does not poll
+}
+
+// Ready polls once; announced, about to park, it only looks (a poll would
+// take back the queued work Arm handed to the engine). It also ends the
+// wait when the set of queue pairs changed or Wake was called.
+func (w *cqWait) Ready() bool {
+	cq := w.cq
+	if cq.dirty.Load() || cq.woken.Load() {
 		return true
 	}
-	ready := false
+	if !w.armed {
+		w.n = cq.Poll(w.out)
+		return w.n > 0
+	}
+	if cq.pending() {
+		return true
+	}
 	for _, qp := range cq.wsQPs {
-		if qp.inPending() { // on every queue pair: it releases lazy space too
-			ready = true
+		if qp.recvPending() {
+			return true
 		}
 	}
-	return ready
+	return false
+}
+
+// Arm announces the waiter on every incoming ring. Before it sleeps it
+// gives back the ring space that pollers' lazy releases held, and the
+// queued work pollers kept from the engine.
+func (w *cqWait) Arm(bell uint32) {
+	cq := w.cq
+	cq.ws.Arm(bell)
+	w.armed = bell != 0
+	if w.armed {
+		for _, qp := range cq.wsQPs {
+			qp.releaseLazy()
+		}
+		cq.leaveWork()
+	}
 }
 
 // attachSend makes pollers of cq run qp's queued send work themselves
@@ -127,7 +201,7 @@ func (cq *CompletionQueue) push(c *Completion) {
 	cq.q = append(cq.q, *c)
 	cq.n.Add(1)
 	cq.mu.Unlock()
-	cq.ws.Ring()
+	cq.wakeWaiter()
 }
 
 // attach makes cq drive qp's receives.
@@ -138,7 +212,7 @@ func (cq *CompletionQueue) attach(qp *QueuePair) {
 	cq.qps.Store(&next)
 	cq.mu.Unlock()
 	cq.dirty.Store(true)
-	cq.ws.Ring()
+	cq.wakeWaiter()
 }
 
 // detach stops cq driving qp and returns only when no waiter can touch
@@ -150,8 +224,8 @@ func (cq *CompletionQueue) detach(qp *QueuePair) {
 	cq.qps.Store(&next)
 	cq.mu.Unlock()
 	cq.dirty.Store(true)
-	cq.ws.Ring()
-	cq.waitMu.Lock() // a waiter returns from its sleep once rung
+	cq.wakeWaiter()
+	cq.waitMu.Lock() // a waiter returns from its wait once woken
 	cq.syncWaitSet()
 	cq.waitMu.Unlock()
 }
@@ -175,7 +249,7 @@ func (cq *CompletionQueue) syncWaitSet() {
 // process that must interrupt a waiter, a closing connection say.
 func (cq *CompletionQueue) Wake() {
 	cq.woken.Store(true)
-	cq.ws.Ring()
+	cq.wakeWaiter()
 }
 
 // Poll moves incoming sends into posted receives, then copies up to
@@ -225,50 +299,32 @@ func (cq *CompletionQueue) leaveWork() {
 // Wait is Poll that waits, as the device's wait configuration says, until
 // at least one completion is there, deadline passes (zero: no deadline;
 // then os.ErrDeadlineExceeded), or Wake is called (then it returns 0 and
-// no error).
+// no error). A goroutine that has to sleep parks in the Go scheduler
+// (shm.WaitStrategy); it never blocks a thread.
 func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, error) {
 	if n := cq.Poll(out); n > 0 || len(out) == 0 {
 		return n, nil
 	}
-	if cq.wait.Mode != shm.WaitBlock {
-		var spinEnd time.Time
-		if cq.wait.Mode == shm.WaitAdaptive {
-			spinEnd = time.Now().Add(cq.wait.Spin)
-		}
-		for i := 1; ; i++ {
-			if n := cq.Poll(out); n > 0 {
-				return n, nil
-			}
-			// Load first: a swap is a locked instruction, too dear for
-			// every turn of the spin.
-			if cq.woken.Load() && cq.woken.Swap(false) {
-				return 0, nil
-			}
-			if i%64 == 0 && (!deadline.IsZero() || cq.wait.Mode == shm.WaitAdaptive) {
-				now := time.Now()
-				if !deadline.IsZero() && now.After(deadline) {
-					return 0, os.ErrDeadlineExceeded
-				}
-				if cq.wait.Mode == shm.WaitAdaptive && now.After(spinEnd) {
-					break
-				}
-			}
-		}
+	if cq.woken.Swap(false) {
+		return 0, nil
 	}
-	for {
-		cq.leaveWork()
-		cq.waitMu.Lock()
-		cq.syncWaitSet()
-		err := cq.ws.Wait(cq.ready, deadline)
-		cq.waitMu.Unlock()
-		if n := cq.Poll(out); n > 0 {
-			return n, nil
-		}
-		if cq.woken.Swap(false) {
-			return 0, nil
-		}
-		if err != nil {
-			return 0, err
-		}
+	cq.waitMu.Lock()
+	cq.syncWaitSet()
+	cq.look.out, cq.look.n = out, 0
+	w := cq.waiterLocked()
+	var err error
+	for cq.look.n == 0 && err == nil && !cq.dirty.Load() && !cq.woken.Load() {
+		// A wait that ends on a look, not a poll, polls again.
+		_, err = cq.strat.Wait(&cq.look, w, deadline)
 	}
+	n := cq.look.n
+	cq.look.out = nil
+	cq.waitMu.Unlock()
+	switch {
+	case n > 0:
+		return n, nil
+	case cq.woken.Swap(false):
+		return 0, nil
+	}
+	return 0, err // nil: the set changed; the caller looks again
 }

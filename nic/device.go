@@ -105,6 +105,7 @@ type Device struct {
 
 	regSeg *shm.Segment // registration table, shared read-only with peers
 	cache  *pin.Cache   // pins registered memory; nil with NoPinning
+	hub    *shm.Hub     // how peers wake our waiting goroutines; shared with them
 
 	mu   sync.Mutex                     // guards regs, free, memSegs, qps, closed; before QP and CQ locks
 	regs []atomic.Pointer[MemoryRegion] // by table index; read without mu
@@ -198,6 +199,10 @@ func Open(cfg *Config) (*Device, error) {
 	for i := c.MaxRegions - 1; i >= 0; i-- {
 		d.free = append(d.free, i)
 	}
+	if d.hub, err = shm.NewHub(); err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("nic: %w", err)
+	}
 	if !c.NoPinning {
 		pc := pin.DefaultConfig()
 		if c.Pin != nil {
@@ -206,6 +211,7 @@ func Open(cfg *Config) (*Device, error) {
 		pc.Hooks = pinHooks{d}
 		if d.cache, err = pin.New(&pc); err != nil {
 			seg.Close()
+			d.hub.Close()
 			return nil, fmt.Errorf("nic: registration cache: %w", err)
 		}
 	}
@@ -267,6 +273,7 @@ func (d *Device) Close() error {
 		ms.seg.Close()
 	}
 	d.memSegs = nil
+	d.hub.Close()
 	return d.regSeg.Close()
 }
 

@@ -134,3 +134,69 @@ func importedSegments() int {
 	defer imports.mu.Unlock()
 	return len(imports.byKey)
 }
+
+// Peers' wake hubs are opened once per process too, keyed by the hub
+// table's file: every queue pair to a peer device passes the same hub.
+// The eventfd that comes with a table already open is closed unused.
+var notifiers struct {
+	mu    sync.Mutex
+	byKey map[shm.FileID]*importedNotifier
+	byN   map[*shm.Notifier]*importedNotifier
+}
+
+type importedNotifier struct {
+	id   shm.FileID
+	n    *shm.Notifier
+	refs int
+}
+
+// importNotifier opens the peer's hub from its table and eventfd, or takes
+// another reference to the one opened before. It takes ownership of both
+// fds.
+func importNotifier(table, event int) (*shm.Notifier, error) {
+	id, err := shm.FileIDOf(table)
+	if err != nil {
+		sys.Close(table)
+		sys.Close(event)
+		return nil, err
+	}
+	notifiers.mu.Lock()
+	defer notifiers.mu.Unlock()
+	if im := notifiers.byKey[id]; im != nil {
+		sys.Close(table)
+		sys.Close(event)
+		im.refs++
+		return im.n, nil
+	}
+	n, err := shm.OpenNotifier(table, event)
+	if err != nil {
+		return nil, err
+	}
+	if notifiers.byKey == nil {
+		notifiers.byKey = map[shm.FileID]*importedNotifier{}
+		notifiers.byN = map[*shm.Notifier]*importedNotifier{}
+	}
+	im := &importedNotifier{id: id, n: n, refs: 1}
+	notifiers.byKey[id] = im
+	notifiers.byN[n] = im
+	return n, nil
+}
+
+// releaseNotifier drops a reference taken by importNotifier; the last one
+// closes the peer's hub.
+func releaseNotifier(n *shm.Notifier) {
+	notifiers.mu.Lock()
+	im := notifiers.byN[n]
+	if im == nil {
+		notifiers.mu.Unlock()
+		return
+	}
+	if im.refs--; im.refs > 0 {
+		notifiers.mu.Unlock()
+		return
+	}
+	delete(notifiers.byKey, im.id)
+	delete(notifiers.byN, n)
+	notifiers.mu.Unlock()
+	n.Close()
+}

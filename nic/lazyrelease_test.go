@@ -74,14 +74,14 @@ func TestLazyRelease(t *testing.T) {
 	if unreleased() == 0 {
 		t.Fatal("no lazy release to test")
 	}
-	b.qp.inPending()
+	b.qp.releaseLazy()
 	if n := unreleased(); n != 0 {
 		t.Fatalf("%d bytes unreleased after a waiter's check", n)
 	}
 
 	// A large message goes back at once.
 	post(3)
-	b.qp.inPending()
+	b.qp.releaseLazy()
 	big := bytes.Repeat([]byte{9}, 8<<10)
 	if err := a.qp.PostSend(SendWR{Op: OpSend, Local: big, LKey: register(t, a.d, big, 0).LKey}); err != nil {
 		t.Fatal(err)

@@ -260,9 +260,16 @@ func TestParseHello(t *testing.T) {
 	if _, err := negotiate(hello{minVer: cmVersion + 1, maxVer: cmVersion + 4}); !errors.Is(err, ErrRefused) {
 		t.Errorf("negotiate without a common version: %v", err)
 	}
-	for _, c := range []struct{ min, max, want uint16 }{{1, 1, 1}, {1, 2, 2}, {2, 7, 2}} {
+	for _, c := range []struct{ min, max, want uint16 }{{3, 3, 3}, {1, 3, 3}, {2, 7, 3}} {
 		if v, err := negotiate(hello{minVer: c.min, maxVer: c.max}); err != nil || v != c.want {
 			t.Errorf("negotiate with a peer of versions [%d, %d]: %d, %v; want %d", c.min, c.max, v, err, c.want)
+		}
+	}
+	// Versions 1 and 2 had no wake hubs: a peer that speaks no later one
+	// is refused.
+	for _, c := range []struct{ min, max uint16 }{{1, 1}, {1, 2}} {
+		if _, err := negotiate(hello{minVer: c.min, maxVer: c.max}); !errors.Is(err, ErrRefused) {
+			t.Errorf("negotiate with a peer of versions [%d, %d]: %v, want refused", c.min, c.max, err)
 		}
 	}
 }

@@ -105,6 +105,7 @@ type QueuePair struct {
 	seg            *shm.Segment
 	out            *shm.Producer
 	in             *shm.Consumer
+	note           *shm.Notifier // wakes the peer's waiters
 	inlineMax      int // sends of at most this many bytes take postInline
 	peer           peerInfo
 
@@ -605,7 +606,7 @@ func (qp *QueuePair) PostRecv(wr RecvWR) error {
 	}
 	// Records wait in the ring for a receive only while none is posted:
 	// then this one may take one now. Otherwise the next poll does, and a
-	// waiter counts them as ready (readyToWake) — polling the ring here
+	// waiter's poll takes them — polling the ring here
 	// would only read the line the peer is about to write.
 	starved := qp.rqHead == len(qp.rq)
 	qp.rq = append(qp.rq, postedRecv{wr, mr})
@@ -634,18 +635,23 @@ func (qp *QueuePair) compactRQ() {
 	}
 }
 
-// inPending tells whether the incoming ring has something for the reader.
-// It reads the consumer's position, which progressRecv moves: under rqMu.
-// A waiter about to sleep gives back the ring space that pollers' lazy
-// releases held (see progressRecvLocked).
-func (qp *QueuePair) inPending() bool {
+// recvPending tells whether a receive is posted and the incoming ring has
+// something for it (a record, a close, a failure). It reads the
+// consumer's position, which progressRecv moves: under rqMu.
+func (qp *QueuePair) recvPending() bool {
 	qp.rqMu.Lock()
 	defer qp.rqMu.Unlock()
-	if qp.closed {
-		return false
+	return !qp.closed && qp.rqAny.Load() && qp.in.Pending()
+}
+
+// releaseLazy gives back the ring space that pollers' lazy releases held
+// (see progressRecvLocked): a waiter does it before it sleeps.
+func (qp *QueuePair) releaseLazy() {
+	qp.rqMu.Lock()
+	if !qp.closed {
+		qp.in.Release()
 	}
-	qp.in.Release()
-	return qp.rqAny.Load() && qp.in.Pending()
+	qp.rqMu.Unlock()
 }
 
 // progressRecv moves incoming sends into posted receives and completes
@@ -793,8 +799,8 @@ func (qp *QueuePair) flush() {
 	qp.rq, qp.rqHead = nil, 0
 	qp.rqMu.Unlock()
 	qp.sqMu.Unlock()
-	qp.sendCQ.ws.Ring()
-	qp.recvCQ.ws.Ring()
+	qp.sendCQ.wakeWaiter()
+	qp.recvCQ.wakeWaiter()
 }
 
 // pollerNear tells whether a poller began or ended a turn of queued work
@@ -897,6 +903,7 @@ func (qp *QueuePair) Close() error {
 		qp.sqMu.Unlock()
 		qp.awaitRetired() // the reader, which starts them, is done
 		qp.seg.Close()
+		releaseNotifier(qp.note)
 		releaseImport(qp.peer.tableSeg)
 		qp.peer.segMu.Lock()
 		for _, s := range qp.peer.segs {

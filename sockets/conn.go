@@ -47,11 +47,10 @@ type session struct {
 	// Progress: one goroutine at a time polls the completion queue (the
 	// poller); the others wait for changed to be closed.
 	polling     bool
-	sleeping    bool          // the poller sleeps in CompletionQueue.Wait
+	sleeping    bool          // the poller waits in CompletionQueue.Wait
 	pumping     bool          // a goroutine drives the connection for ctlq
 	reposts     []int         // consumed receive buffers not posted again yet
 	posted      int           // receive buffers posted
-	bellRung    bool          // the doorbell rang for the sleeping poller
 	interesting bool          // a dispatch round saw more than send completions
 	wantSend    bool          // a writer waits for a free send buffer
 	changed     chan struct{} // closed after each round of dispatch; nil if nobody waits

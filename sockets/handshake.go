@@ -27,6 +27,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		owner: nic.Owner(nextOwner.Add(1)),
 	}
 	c.stats.register()
+	cq.SetWait(cfg.Wait) // the nic's waits are the connection's
 	c.dialer = dialer
 	c.bufSize = cfg.BufferSize
 	c.window = uint32(cfg.Window)

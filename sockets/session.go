@@ -148,33 +148,10 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	if n := c.cq.Poll(comps); n > 0 {
 		return n, nil
 	}
-	mode := c.cfg.Wait.Mode
 	if c.replyLook && c.replyDue.Swap(false) {
 		if n := c.awaitReply(comps, dl, k); n != 0 {
 			c.stats.count(cRepliesCaught, 1)
 			return n, nil
-		}
-	}
-	if mode != shm.WaitBlock {
-		var spinEnd time.Time
-		if mode == shm.WaitAdaptive {
-			spinEnd = time.Now().Add(c.cfg.Wait.Spin)
-		}
-		for i := 1; ; i++ {
-			if n := c.cq.Poll(comps); n > 0 {
-				return n, nil
-			}
-			if i%64 == 0 {
-				if dl != nil && dl.expired.Load() {
-					return 0, os.ErrDeadlineExceeded
-				}
-				if c.kick.Load() != k {
-					return 0, nil
-				}
-				if mode == shm.WaitAdaptive && time.Now().After(spinEnd) {
-					break
-				}
-			}
 		}
 	}
 	var t time.Time
@@ -184,7 +161,6 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	c.mu.Lock()
 	c.repostLocked() // the peer's next message must find a buffer
 	c.sleeping = true
-	c.bellRung = false
 	c.mu.Unlock()
 	var n int
 	var err error
@@ -249,8 +225,7 @@ func (c *Conn) napCQ(dl *deadline, k uint32) (int, error) {
 	}
 }
 
-// repostLocked posts the consumed receive buffers. Not while a poller
-// sleeps in CompletionQueue.Wait (see maybeRepostLocked).
+// repostLocked posts the consumed receive buffers.
 func (c *Conn) repostLocked() {
 	for _, i := range c.reposts {
 		if c.qpDead || c.torn {
@@ -265,12 +240,12 @@ func (c *Conn) repostLocked() {
 	c.reposts = c.reposts[:0]
 }
 
-// ringBellLocked wakes the poller sleeping in CompletionQueue.Wait: a
-// zero-byte RDMA Write to the peer's doorbell completes on our queue.
+// ringBellLocked wakes the poller waiting in CompletionQueue.Wait (it
+// spins or is parked there).
 func (c *Conn) ringBellLocked() {
-	if c.sleeping && c.helloDone && !c.qpDead && !c.torn {
+	if c.sleeping {
 		c.stats.count(cDoorbells, 1)
-		c.qp.PostSend(nic.SendWR{ID: wrBell, Op: nic.OpWrite, Remote: c.peerBell, RKey: c.peerBellKey})
+		c.cq.Wake()
 	}
 }
 
@@ -413,23 +388,11 @@ func (c *Conn) consumeLocked(i int, credit bool) {
 	c.maybeRepostLocked()
 }
 
-// maybeRepostLocked posts the consumed receive buffers again, at once
-// unless a poller sleeps in CompletionQueue.Wait.
+// maybeRepostLocked posts the consumed receive buffers again.
 func (c *Conn) maybeRepostLocked() {
-	if len(c.reposts) == 0 {
-		return
+	if len(c.reposts) != 0 {
+		c.repostLocked()
 	}
-	if c.sleeping {
-		// nic: CompletionQueue.Wait reads the receive ring without the
-		// lock PostRecv takes (a data race): the poller reposts when it
-		// wakes, and we wake it.
-		if !c.bellRung {
-			c.bellRung = true
-			c.ringBellLocked()
-		}
-		return
-	}
-	c.repostLocked()
 }
 
 // dispatchLocked handles one completion.
@@ -798,6 +761,7 @@ func (c *Conn) teardown() {
 			c.awaitHangup(abortGrace)
 		}
 		c.qp.Close()
+		c.cq.Close()
 		// Messages received and not read yet sit in the pool, which goes
 		// back to its slab (to be reused, or unmapped): what a Read may
 		// still deliver moves to the heap first. Readers hold mu.
