@@ -22,7 +22,7 @@ import (
 
 const (
 	cmMagic      = 0x4d434453 // "SDCM"
-	cmVersion    = 3 // 2: SEG_DEL; 3: wake hubs
+	cmVersion    = 3          // 2: SEG_DEL; 3: wake hubs
 	cmMinVersion = 3
 	cmHelloSize  = 32
 	cmMaxReason  = 200

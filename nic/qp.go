@@ -106,7 +106,7 @@ type QueuePair struct {
 	out            *shm.Producer
 	in             *shm.Consumer
 	note           *shm.Notifier // wakes the peer's waiters
-	inlineMax      int // sends of at most this many bytes take postInline
+	inlineMax      int           // sends of at most this many bytes take postInline
 	peer           peerInfo
 
 	// Lock order: sqMu, then rqMu, then CQ locks.

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strconv"
-	"net"
 	"testing"
 	"time"
 
