@@ -103,6 +103,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		env.progress.stop()
 	}
 	printSideBySide(stdout, all)
+	printAppSideBySide(stdout, all)
 	if runErr == nil {
 		printTargets(stdout, all, env.preempts)
 	}
