@@ -48,28 +48,35 @@ func (g *grpcClients) close() {
 	}
 }
 
-// measureUnary interleaves the transports' unary calls, size by size.
+// measureUnary interleaves the transports' unary calls, size by size. A
+// transport that fails is reported and left out of that size's rounds.
 func measureUnary(ctx context.Context, w *rowWriter, o options, g *grpcClients) error {
 	for _, size := range o.unarySizes {
 		req := &grpc_testing.SimpleRequest{ResponseSize: int32(size), Payload: &grpc_testing.Payload{Body: make([]byte, size)}}
 		samples := map[string][]time.Duration{}
-		for _, t := range transports {
-			if _, err := unaryFor(ctx, g.clients[t.name], req, o.warm, nil); err != nil {
-				return fmt.Errorf("unary %d B over %s: %w", size, t.name, err)
+		failed := map[string]bool{}
+		step := func(t transport, d time.Duration, keep bool) error {
+			if failed[t.name] {
+				return nil
 			}
-		}
-		for r := range o.rounds {
-			for _, t := range rotated(transports, r) {
-				s, err := unaryFor(ctx, g.clients[t.name], req, o.slice, samples[t.name])
-				if err != nil {
-					return fmt.Errorf("unary %d B over %s: %w", size, t.name, err)
-				}
+			s, err := unaryFor(ctx, g.clients[t.name], req, d, samples[t.name])
+			if err != nil {
+				failed[t.name] = true
+				return w.fail(ctx, fmt.Errorf("unary %d B over %s: %w", size, t.name, err))
+			}
+			if keep {
 				samples[t.name] = s
 			}
+			return nil
+		}
+		if err := interleave(o, step); err != nil {
+			return err
 		}
 		for _, t := range transports {
-			if err := w.row(latencyRow("unary", "grpc/"+t.name, size, samples[t.name])); err != nil {
-				return err
+			if !failed[t.name] {
+				if err := w.row(latencyRow("unary", "grpc/"+t.name, size, samples[t.name])); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -103,23 +110,29 @@ func unaryFor(ctx context.Context, cl grpc_testing.BenchmarkServiceClient, req *
 func measureBidi(ctx context.Context, w *rowWriter, o options, g *grpcClients) error {
 	for _, size := range o.bidiSizes {
 		rates := map[string][]float64{}
-		for _, t := range transports {
-			if _, err := bidiFor(ctx, g.clients[t.name], size, o.warm); err != nil {
-				return fmt.Errorf("bidi %d B over %s: %w", size, t.name, err)
+		failed := map[string]bool{}
+		step := func(t transport, d time.Duration, keep bool) error {
+			if failed[t.name] {
+				return nil
 			}
-		}
-		for r := range o.rounds {
-			for _, t := range rotated(transports, r) {
-				rate, err := bidiFor(ctx, g.clients[t.name], size, o.slice)
-				if err != nil {
-					return fmt.Errorf("bidi %d B over %s: %w", size, t.name, err)
-				}
+			rate, err := bidiFor(ctx, g.clients[t.name], size, d)
+			if err != nil {
+				failed[t.name] = true
+				return w.fail(ctx, fmt.Errorf("bidi %d B over %s: %w", size, t.name, err))
+			}
+			if keep {
 				rates[t.name] = append(rates[t.name], rate)
 			}
+			return nil
+		}
+		if err := interleave(o, step); err != nil {
+			return err
 		}
 		for _, t := range transports {
-			if err := w.row(rateRow("bidi", "grpc/"+t.name, size, rates[t.name], size)); err != nil {
-				return err
+			if !failed[t.name] {
+				if err := w.row(rateRow("bidi", "grpc/"+t.name, size, rates[t.name], size)); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -46,23 +46,29 @@ func measureHTTP(ctx context.Context, w *rowWriter, o options, h *httpClients) e
 		for _, clients := range o.clients {
 			cas := "get-c" + strconv.Itoa(clients)
 			rates := map[string][]float64{}
-			for _, t := range transports {
-				if _, err := getFor(ctx, h.clients[t.name], size, clients, o.warm); err != nil {
-					return fmt.Errorf("%s %d B over %s: %w", cas, size, t.name, err)
+			failed := map[string]bool{}
+			step := func(t transport, d time.Duration, keep bool) error {
+				if failed[t.name] {
+					return nil
 				}
-			}
-			for r := range o.rounds {
-				for _, t := range rotated(transports, r) {
-					rate, err := getFor(ctx, h.clients[t.name], size, clients, o.slice)
-					if err != nil {
-						return fmt.Errorf("%s %d B over %s: %w", cas, size, t.name, err)
-					}
+				rate, err := getFor(ctx, h.clients[t.name], size, clients, d)
+				if err != nil {
+					failed[t.name] = true
+					return w.fail(ctx, fmt.Errorf("%s %d B over %s: %w", cas, size, t.name, err))
+				}
+				if keep {
 					rates[t.name] = append(rates[t.name], rate)
 				}
+				return nil
+			}
+			if err := interleave(o, step); err != nil {
+				return err
 			}
 			for _, t := range transports {
-				if err := w.row(rateRow(cas, "http/"+t.name, size, rates[t.name], size)); err != nil {
-					return err
+				if !failed[t.name] {
+					if err := w.row(rateRow(cas, "http/"+t.name, size, rates[t.name], size)); err != nil {
+						return err
+					}
 				}
 			}
 		}

@@ -188,7 +188,14 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		defer f.Close()
 		out = f
 	}
-	return measure(ctx, &rowWriter{w: out}, o)
+	w := &rowWriter{w: out}
+	if err := measure(ctx, w, o); err != nil {
+		return err
+	}
+	if len(w.failed) > 0 {
+		return fmt.Errorf("%d measurements failed: %w", len(w.failed), errors.Join(w.failed...))
+	}
+	return nil
 }
 
 func parseInts(s string) ([]int, error) {
@@ -224,7 +231,9 @@ func measure(ctx context.Context, w *rowWriter, o options) error {
 	if slices.Contains(o.cases, "idle") && o.idle > 0 {
 		for _, t := range idleTransports {
 			if err := measureIdle(ctx, w, o.idle, t); err != nil {
-				return fmt.Errorf("idle %s: %w", t, err)
+				if err := w.fail(ctx, fmt.Errorf("idle %s: %w", t, err)); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -259,6 +268,25 @@ func measureServed(ctx context.Context, w *rowWriter, o options, srv *server) er
 	return nil
 }
 
+// interleave runs step for every transport: a warm-up of o.warm each,
+// then o.rounds rounds of o.slice each, the transports' order rotating.
+// keep is false for the warm-up.
+func interleave(o options, step func(t transport, d time.Duration, keep bool) error) error {
+	for _, t := range transports {
+		if err := step(t, o.warm, false); err != nil {
+			return err
+		}
+	}
+	for r := range o.rounds {
+		for _, t := range rotated(transports, r) {
+			if err := step(t, o.slice, true); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // rotated is the transports' order in round r: each goes first in turn.
 func rotated[T any](ts []T, r int) []T {
 	k := r % len(ts)
@@ -267,9 +295,21 @@ func rotated[T any](ts []T, r int) []T {
 
 // ---- rows ----
 
-// rowWriter writes one row's records as a JSON array a line.
+// rowWriter writes one row's records as a JSON array a line, and keeps
+// the failures of measurements that the run went on without.
 type rowWriter struct {
-	w io.Writer
+	w      io.Writer
+	failed []error
+}
+
+// fail notes a failed measurement and lets the run go on, unless the run
+// itself was cancelled.
+func (rw *rowWriter) fail(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	rw.failed = append(rw.failed, err)
+	return rw.note("FAILED %v", err)
 }
 
 func (rw *rowWriter) row(recs []Record) error {

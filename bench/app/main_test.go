@@ -139,3 +139,38 @@ func TestChildFailureSurfaced(t *testing.T) {
 		t.Error("stop: the failed child exited 0")
 	}
 }
+
+// The rounds interleave the transports, each first in turn, after one
+// warm-up each; a failure noted by fail lets the run go on and is
+// returned at its end.
+func TestInterleave(t *testing.T) {
+	o := options{rounds: 4, slice: 2, warm: 1}
+	var got []string
+	err := interleave(o, func(tr transport, d time.Duration, keep bool) error {
+		got = append(got, fmt.Sprintf("%s/%v/%v", tr.name, d, keep))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "sandirect/1ns/false unix/1ns/false tcp/1ns/false " +
+		"sandirect/2ns/true unix/2ns/true tcp/2ns/true unix/2ns/true tcp/2ns/true sandirect/2ns/true " +
+		"tcp/2ns/true sandirect/2ns/true unix/2ns/true sandirect/2ns/true unix/2ns/true tcp/2ns/true"
+	if s := strings.Join(got, " "); s != want {
+		t.Errorf("order:\n%s\nwant\n%s", s, want)
+	}
+
+	var out bytes.Buffer
+	w := &rowWriter{w: &out}
+	if err := w.fail(context.Background(), fmt.Errorf("unary 64 B over unix: %w", os.ErrDeadlineExceeded)); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "# FAILED unary 64 B over unix: i/o timeout\n" || len(w.failed) != 1 {
+		t.Errorf("fail wrote %q, kept %v", out.String(), w.failed)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.fail(ctx, context.Canceled); err == nil {
+		t.Error("fail after the run was cancelled went on")
+	}
+}
