@@ -6,7 +6,8 @@ package main
 // socket (grpc/unix, http/unix) and TCP loopback (grpc/tcp, http/tcp),
 // interleaved round by round; and the OS threads of a server whose idle
 // connections each have a goroutine waiting in Read (case idle:
-// sockets/default, unix, tcp). The measurements are made by bench/app, a
+// sockets/default, unix, tcp). Both processes run unpinned, as Go
+// programs do. The measurements are made by bench/app, a
 // module of its own so that gRPC stays out of sandirect's go.mod: this
 // file builds it, runs it with the plan's rounds and sizes, and merges the
 // records it writes (see bench/app/main.go for the cases).
