@@ -5,7 +5,11 @@
 //	go run ./bench [-quick] [-out DIR] [-json FILE] [-pin=false] [SUITE...]
 //
 // With no SUITE every registered suite runs, in registration order (file
-// name order; -h lists them): conn (net.Conn ping-pong and streaming, 8 B
+// name order; -h lists them): app (Go applications: gRPC-go unary calls
+// and a bidirectional stream, net/http keep-alive GETs with 1 and 16
+// clients, over sandirect with the default Config, a Unix socket and TCP
+// loopback, interleaved; the server's OS threads with 10,000 idle
+// connections each waiting in Read), conn (net.Conn ping-pong and streaming, 8 B
 // to 16 MiB: sockets/busy, sockets/block and sockets/forcetcp against unix, tcp,
 // pipe and cloudwego/shmipc-go; memory per idle connection), floor
 // (cache-line and futex round trips between two processes, single-core
@@ -19,7 +23,11 @@
 // shmipc-go is measured by a module of its own, bench/shmipc, so that it
 // stays out of sandirect's dependencies: the conn suite builds it with the
 // go command and merges its records, or says why it could not
-// (SANDIRECT_BENCH_SHMIPC=0 leaves it out).
+// (SANDIRECT_BENCH_SHMIPC=0 leaves it out). So are the app suite's
+// measurements, bench/app (gRPC-go; SANDIRECT_BENCH_APP), and the
+// report's figures, bench/plot (gonum/plot; SANDIRECT_BENCH_PLOT): where
+// bench/plot cannot be built, the report is bench.json alone and the run
+// says why (appmod.go).
 //
 // # Output
 //
@@ -53,13 +61,17 @@
 //	{"suite":"ring","case":"pingpong","transport":"ring/busy","size":8,"metric":"lat_p50_ns","value":61.2}
 //
 // Metrics: lat_min_ns, lat_p50_ns, lat_p99_ns, lat_p999_ns, bw_gbps (the
-// median chunk), bw_min_gbps, bw_max_gbps, rate_mps, mem_bytes.
+// median chunk), bw_min_gbps, bw_max_gbps, rate_mps, mem_bytes; the app
+// suite's idle rows: conns, threads, gomaxprocs, wake_all_ns. In the app
+// suite latency is per call (a whole round trip) and rate_mps counts calls,
+// echoes or requests (millions per second).
 // Transports: cacheline, futex, futex/unpinned, futexcond/unpinned, memcpy,
 // pipeline/cached, pipeline/nt, pipeline/best, ring/busy,
 // ring/block, nic/shm, nic/cma, cma/raw, pin/…, unix, tcp, pipe,
 // sockets/busy, sockets/block, sockets/busy+shared, sockets/forcetcp (until
 // 2026-11 this row was sockets/tcp, a tcp address that the dialer routed
-// over shared memory), shmipc; the interleaved copy() references memcpy
+// over shared memory), shmipc, grpc/sandirect, grpc/unix, grpc/tcp,
+// http/sandirect, http/unix, http/tcp, sockets/default (app: idle); the interleaved copy() references memcpy
 // (rdma suite, beside nic/shm's bandwidth) and memcpy@TRANSPORT (conn
 // suite, beside that transport's 1, 4 and 16 MiB streams). Other tools read these
 // names: keep them stable.

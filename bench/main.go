@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -104,6 +103,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		env.progress.stop()
 	}
 	printSideBySide(stdout, all)
+	printAppSideBySide(stdout, all)
 	if runErr == nil {
 		printTargets(stdout, all, env.preempts)
 	}
@@ -126,7 +126,10 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 				fmt.Fprintf(stdout, "  %s\n", p)
 			}
 		}
-		if err != nil && runErr == nil {
+		switch {
+		case errors.Is(err, errModuleSkipped): // bench.json is there; the figures could not be drawn here
+			fmt.Fprintf(stdout, "  no figures: %s\n", oneLine(err))
+		case err != nil && runErr == nil:
 			runErr = fmt.Errorf("report: %w", err)
 		}
 	}
@@ -134,7 +137,8 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 }
 
 // writeReport writes bench.json and the suites' figures into dir and
-// returns the paths written.
+// returns the paths written. An error matching errModuleSkipped says that
+// only bench.json could be written (see plotReport).
 func writeReport(dir string, recs []Record, hardware string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -145,26 +149,8 @@ func writeReport(dir string, recs []Record, hardware string) ([]string, error) {
 		return nil, err
 	}
 	paths = append(paths, p)
-	var done []string
-	for _, r := range recs {
-		if slices.Contains(done, r.Suite) {
-			continue
-		}
-		done = append(done, r.Suite)
-		f, err := suiteFigure(recs, r.Suite, hardware)
-		if err != nil {
-			return paths, fmt.Errorf("plot %s: %w", r.Suite, err)
-		}
-		if f == nil {
-			continue
-		}
-		ps, err := f.write(dir)
-		paths = append(paths, ps...)
-		if err != nil {
-			return paths, err
-		}
-	}
-	return paths, nil
+	figs, err := plotReport(context.Background(), dir, recs, hardware)
+	return append(paths, figs...), err
 }
 
 // hardware names the machine: CPU model, CPUs, kernel, load.

@@ -88,6 +88,7 @@ type goal struct {
 	unit   float64
 	limit  float64
 	atMost bool
+	minus  *recordKey // if set, the goal is on key's number less this one's
 }
 
 // goals are printed with the targets; suites append theirs from init.
@@ -160,8 +161,14 @@ func printTargets(w io.Writer, recs []Record, maxPreempts int64) {
 		line(t.name, fnum(num), fnum(den), num/den, t.limit, t.atMost, note)
 	}
 	for _, g := range goals {
-		if v, ok := find(g.key); ok {
+		v, ok := find(g.key)
+		if !ok {
+			continue
+		}
+		if g.minus == nil {
 			line(g.name, fnum(v/g.unit), "", v/g.unit, g.limit, g.atMost, "")
+		} else if m, ok := find(*g.minus); ok {
+			line(g.name, fnum(v/g.unit), fnum(m/g.unit), (v-m)/g.unit, g.limit, g.atMost, "")
 		}
 	}
 	if header && maxPreempts > busyPreemptions {

@@ -4,9 +4,11 @@
 # transport (sockets/busy, sockets/block, sockets/forcetcp) side by side with a
 # Unix socket, TCP loopback, a pipe, cloudwego/shmipc-go and the floors
 # (cache-line and futex round trips, single-core copy, raw
-# process_vm_readv/writev). It prints the tables, the targets and the paths
-# of the report: sandirect-report/ in the current directory (bench.json and
-# a plot per suite, SVG and PNG).
+# process_vm_readv/writev), and Go applications (gRPC-go and net/http over
+# sandirect, a Unix socket and TCP; the threads of idle connections). It
+# prints the tables, the targets and the paths of the report:
+# sandirect-report/ in the current directory (bench.json and a plot per
+# suite, SVG and PNG).
 #
 #   scripts/demo.sh [bench flags] [SUITE...]     e.g. -out /tmp/r, conn, -h
 #
@@ -24,6 +26,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "# building the benchmark harness ($(go version | cut -d' ' -f3))" >&2
 go build -C "$root" -o "$tmp/bench" ./bench
-# The conn suite builds shmipc-go's module (bench/shmipc) itself.
+# The harness builds its modules of their own itself: shmipc-go's for the
+# conn suite (bench/shmipc), gRPC's for the app suite (bench/app), and the
+# report's plotting (bench/plot).
 export SANDIRECT_BENCH_SHMIPC="${SANDIRECT_BENCH_SHMIPC:-$root/bench/shmipc}"
+export SANDIRECT_BENCH_APP="${SANDIRECT_BENCH_APP:-$root/bench/app}"
+export SANDIRECT_BENCH_PLOT="${SANDIRECT_BENCH_PLOT:-$root/bench/plot}"
 "$tmp/bench" -quick "$@"

@@ -48,6 +48,13 @@ gotest() {
 gotest "unit and integration tests" -timeout 25m -skip '^TestCampaign' "$@"
 gotest "reliability campaign (short)" -timeout 15m -run '^TestCampaign' "$@"
 
+# The modules of their own, whose dependencies (gonum/plot, gRPC) stay out
+# of the library's go.mod: the report's plotting, the bench's app suite,
+# the examples (the gRPC service test among them).
+for mod in bench/plot bench/app examples; do
+	(cd "$mod" && export GOWORK=off && go mod download && go vet ./... && gotest "module $mod" -timeout 10m "$@")
+done
+
 if [ "${SANDIRECT_SKIP_VM:-}" != 1 ]; then
 	bash scripts/vmtest.sh ./internal/bpfmon
 	bash scripts/vmtest.sh -run 'StaleHit|MonitorChoice' ./pin
