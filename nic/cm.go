@@ -133,6 +133,12 @@ func (h hello) attr() Attr {
 // QPOptions configures a queue pair at connect.
 type QPOptions struct {
 	SendCQ, RecvCQ *CompletionQueue // required
+	// InPlace makes the queue pair's sends and receives the owner's, in
+	// the rings themselves (inplace.go): it reads incoming sends where
+	// they lie and writes its sends there, serializing each direction
+	// itself, and the queue pair takes no lock for them. PostRecv, and
+	// PostSend of OpSend, are refused; RDMA Read and Write work as usual.
+	InPlace bool
 	// Timeout bounds the handshake; zero means 10 s.
 	Timeout time.Duration
 }
@@ -468,6 +474,7 @@ func (d *Device) mapQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, ta
 		dev:        d,
 		sendCQ:     opts.SendCQ,
 		recvCQ:     opts.RecvCQ,
+		inPlace:    opts.InPlace,
 		conn:       conn,
 		seg:        seg,
 		out:        out,

@@ -132,10 +132,11 @@ func (cq *CompletionQueue) waiterLocked() *shm.Waiter {
 
 // cqWait is a Wait in progress: what it looks at and what it found.
 type cqWait struct {
-	cq    *CompletionQueue
-	out   []Completion
-	n     int
-	armed bool // announced: Ready only looks, it does not poll
+	cq      *CompletionQueue
+	out     []Completion
+	n       int
+	armed   bool // announced: Ready only looks, it does not poll
+	inPlace bool // an in-place queue pair has something for its owner
 }
 
 // Ready polls once; announced, about to park, it only looks (a poll would
@@ -147,14 +148,20 @@ func (w *cqWait) Ready() bool {
 		return true
 	}
 	if !w.armed {
-		w.n = cq.Poll(w.out)
-		return w.n > 0
-	}
-	if cq.pending() {
+		if w.n = cq.Poll(w.out); w.n > 0 {
+			return true
+		}
+	} else if cq.pending() {
 		return true
 	}
 	for _, qp := range cq.wsQPs {
-		if qp.recvPending() {
+		if qp.inPlace {
+			// The owner waits here, and it alone moves the ring.
+			if qp.in.Pending() {
+				w.inPlace = true
+				return true
+			}
+		} else if w.armed && qp.recvPending() {
 			return true
 		}
 	}
@@ -299,7 +306,9 @@ func (cq *CompletionQueue) leaveWork() {
 // Wait is Poll that waits, as the device's wait configuration says, until
 // at least one completion is there, deadline passes (zero: no deadline;
 // then os.ErrDeadlineExceeded), or Wake is called (then it returns 0 and
-// no error). A goroutine that has to sleep parks in the Go scheduler
+// no error), or an in-place queue pair of the CQ has something for its
+// owner (then it returns 0 and no error too: RecvInPlace takes it). A
+// goroutine that has to sleep parks in the Go scheduler
 // (shm.WaitStrategy); it never blocks a thread.
 func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, error) {
 	if n := cq.Poll(out); n > 0 || len(out) == 0 {
@@ -310,10 +319,10 @@ func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, erro
 	}
 	cq.waitMu.Lock()
 	cq.syncWaitSet()
-	cq.look.out, cq.look.n = out, 0
+	cq.look.out, cq.look.n, cq.look.inPlace = out, 0, false
 	w := cq.waiterLocked()
 	var err error
-	for cq.look.n == 0 && err == nil && !cq.dirty.Load() && !cq.woken.Load() {
+	for cq.look.n == 0 && !cq.look.inPlace && err == nil && !cq.dirty.Load() && !cq.woken.Load() {
 		// A wait that ends on a look, not a poll, polls again.
 		_, err = cq.strat.Wait(&cq.look, w, deadline)
 	}

@@ -107,6 +107,7 @@ type QueuePair struct {
 	in             *shm.Consumer
 	note           *shm.Notifier // wakes the peer's waiters
 	inlineMax      int           // sends of at most this many bytes take postInline
+	inPlace        bool          // sends and receives are the owner's, in the rings (QPOptions.InPlace)
 	peer           peerInfo
 
 	// Lock order: sqMu, then rqMu, then CQ locks.
@@ -180,6 +181,9 @@ func (qp *QueuePair) stateErr() error {
 
 // PostSend queues a send, RDMA Write or RDMA Read.
 func (qp *QueuePair) PostSend(wr SendWR) error {
+	if wr.Op == OpSend && qp.inPlace {
+		return errInPlace
+	}
 	if wr.Op == OpSend && len(wr.Local) <= qp.inlineMax {
 		return qp.postInline(&wr)
 	}
@@ -591,6 +595,9 @@ func (p *peerInfo) awaitSegment(idx uint32) (*shm.Segment, error) {
 
 // PostRecv posts a receive buffer.
 func (qp *QueuePair) PostRecv(wr RecvWR) error {
+	if qp.inPlace {
+		return errInPlace
+	}
 	mr, err := qp.dev.localRegion(wr.LKey, wr.Buf, AccessLocalWrite)
 	if err != nil {
 		return err

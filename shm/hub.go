@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 	"net"
@@ -124,12 +123,18 @@ func (h *Hub) dispatch() {
 		if h.scan() {
 			continue
 		}
-		err := h.rc.Read(func(fd uintptr) bool {
-			if h.pending() {
+		// Park unless a waker marked a slot since the scan: its signal
+		// may have come before the read began, when the poller forgets
+		// readiness, but its marks are there. The eventfd is not drained:
+		// every signal makes an edge for the poller whatever the count,
+		// and a read would only add a system call to every wake-up.
+		parked := false
+		err := h.rc.Read(func(uintptr) bool {
+			if parked || h.pending() {
 				return true
 			}
-			_, err := sys.EventfdDrain(int(fd))
-			return !errors.Is(err, sys.EAGAIN)
+			parked = true
+			return false
 		})
 		if err != nil {
 			return // closed

@@ -487,6 +487,22 @@ func (w *nextWait) Ready() bool {
 
 func (w *nextWait) Arm(bell uint32) { store32(w.cBell, bell) }
 
+// Position returns the ring position after the last record returned: a
+// point to release up to (ReleaseTo). Positions only grow.
+func (c *Consumer) Position() uint64 { return c.headPos }
+
+// ReleaseTo is Release of the records returned before position pos only,
+// a value Position returned; the records after it stay valid. A position
+// already released, or not reached, releases nothing.
+func (c *Consumer) ReleaseTo(pos uint64) {
+	if pos <= c.released || pos > c.headPos {
+		return
+	}
+	store64(c.head, pos) // publishes: the space before pos is free
+	c.released = pos
+	c.wake(c.pBell, &c.stats.Wakes)
+}
+
 // Unreleased returns the bytes of records returned so far and not yet
 // released.
 func (c *Consumer) Unreleased() int { return int(c.headPos - c.released) }

@@ -152,6 +152,9 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 	if x.Ready() {
 		return WaitedReady, nil
 	}
+	if !deadline.IsZero() && time.Now().After(deadline) {
+		return WaitedReady, os.ErrDeadlineExceeded // one look was all it asked for
+	}
 	var start time.Time
 	switch s.cfg.Mode {
 	case WaitBusyPoll:

@@ -1,0 +1,99 @@
+package nic
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/sandirect/sandirect/shm"
+)
+
+// Sends and receives in place (QPOptions.InPlace). The owner of such a
+// queue pair — a connection of the sockets layer, which serializes each
+// direction under its own lock — writes a send straight into the ring to
+// the peer and reads an incoming send where it lies in the ring: one copy
+// each way, no posted receive, no completion, and no lock of this layer,
+// as UCX's single-thread mode and libfabric's FI_THREAD_DOMAIN let the
+// caller promise to serialize. The peer sees ordinary sends.
+
+var errInPlace = errors.New("nic: sends and receives of an in-place queue pair go through the rings (ReserveSend, RecvInPlace)")
+
+// ErrRingFull is ReserveSend's answer when the ring to the peer has no
+// room now: the peer has not released what it received (an owner that
+// counts credits never sees it from an honest peer).
+var ErrRingFull = errors.New("nic: no room in the ring to the peer")
+
+// ReserveSend returns n bytes in the ring to the peer for the next send;
+// fill them and call CommitSend. It never waits. The caller serializes
+// sends and does not use the queue pair after Close.
+func (qp *QueuePair) ReserveSend(n int) ([]byte, error) {
+	if qp.state.Load() != uint32(QPReady) {
+		return nil, qp.stateErr()
+	}
+	buf, err := qp.out.Reserve(n, pastDeadline)
+	if err != nil {
+		if errors.Is(err, shm.ErrTooLarge) {
+			return nil, fmt.Errorf("nic: send of %d bytes exceeds this connection's %d", n, qp.out.MaxPayload())
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, ErrRingFull
+		}
+		return nil, qp.failInPlace(err)
+	}
+	return buf, nil
+}
+
+// CommitSend sends the first n bytes of what ReserveSend returned, and
+// wakes the peer if it sleeps.
+func (qp *QueuePair) CommitSend(n int) error {
+	if err := qp.out.Commit(tagSend, n); err != nil {
+		return qp.failInPlace(err)
+	}
+	return nil
+}
+
+// RecvInPlace returns the next incoming send: its bytes, in the ring and
+// untrusted (the peer may still write them), valid until ReleaseRecv
+// passes end, the ring position after it. ok is false when nothing has
+// come. The caller serializes receives and does not use the queue pair
+// after Close; a failure moves the queue pair to the error state.
+func (qp *QueuePair) RecvInPlace() (data []byte, end uint64, ok bool, err error) {
+	for {
+		rec, ok, err := qp.in.Poll()
+		if err != nil {
+			if errors.Is(err, shm.ErrClosed) {
+				err = ErrPeerGone
+			}
+			return nil, 0, false, qp.failInPlace(err)
+		}
+		if !ok {
+			return nil, 0, false, nil
+		}
+		switch rec.Tag {
+		case tagNop:
+			continue // a send that failed at its source: skipped
+		case tagSend:
+			return rec.Data, qp.in.Position(), true, nil
+		}
+		return nil, 0, false, qp.failInPlace(fmt.Errorf("%w: record tag %d on the ring", ErrProtocol, rec.Tag))
+	}
+}
+
+// RecvPending tells whether RecvInPlace has something to return: a
+// record, or the ring's close or failure. The caller is the receiver.
+func (qp *QueuePair) RecvPending() bool { return qp.in.Pending() }
+
+// ReleaseRecv gives the ring space of the incoming sends before position
+// upTo back to the peer, and wakes it if it waits for room. upTo is an end
+// RecvInPlace returned; positions only grow.
+func (qp *QueuePair) ReleaseRecv(upTo uint64) { qp.in.ReleaseTo(upTo) }
+
+// failInPlace moves the queue pair to the error state with reason (its
+// flush runs here: the caller holds no lock of ours) and returns the
+// error the owner sees.
+func (qp *QueuePair) failInPlace(reason error) error {
+	if qp.setError(reason) {
+		qp.flush()
+	}
+	return qp.stateErr()
+}
