@@ -157,7 +157,7 @@ func (w *cqWait) Ready() bool {
 	for _, qp := range cq.wsQPs {
 		if qp.inPlace {
 			// The owner waits here, and it alone moves the ring.
-			if qp.in.Pending() {
+			if qp.RecvPending() {
 				w.inPlace = true
 				return true
 			}

@@ -60,6 +60,11 @@ func (qp *QueuePair) CommitSend(n int) error {
 func (qp *QueuePair) RecvInPlace() (data []byte, end uint64, ok bool, err error) {
 	for {
 		rec, ok, err := qp.in.Poll()
+		if !ok && err == nil && qp.state.Load() == uint32(QPError) {
+			// What the peer sent before it went is delivered first
+			// (setError leaves an in-place ring open): then the end.
+			return nil, 0, false, qp.stateErr()
+		}
 		if err != nil {
 			if errors.Is(err, shm.ErrClosed) {
 				err = ErrPeerGone
@@ -80,8 +85,11 @@ func (qp *QueuePair) RecvInPlace() (data []byte, end uint64, ok bool, err error)
 }
 
 // RecvPending tells whether RecvInPlace has something to return: a
-// record, or the ring's close or failure. The caller is the receiver.
-func (qp *QueuePair) RecvPending() bool { return qp.in.Pending() }
+// record, or the ring's close or failure, or the queue pair's. The caller
+// is the receiver.
+func (qp *QueuePair) RecvPending() bool {
+	return qp.in.Pending() || qp.state.Load() == uint32(QPError)
+}
 
 // ReleaseRecv gives the ring space of the incoming sends before position
 // upTo back to the peer, and wakes it if it waits for room. upTo is an end

@@ -654,6 +654,9 @@ func (qp *QueuePair) recvPending() bool {
 // releaseLazy gives back the ring space that pollers' lazy releases held
 // (see progressRecvLocked): a waiter does it before it sleeps.
 func (qp *QueuePair) releaseLazy() {
+	if qp.inPlace {
+		return // the owner's ring to release
+	}
 	qp.rqMu.Lock()
 	if !qp.closed {
 		qp.in.Release()
@@ -781,7 +784,11 @@ func (qp *QueuePair) setError(reason error) bool {
 		}
 	}
 	qp.reason.Store(&reason)
-	qp.in.Fail(reason)
+	if !qp.inPlace {
+		// An in-place ring's owner takes what came before the failure
+		// first (RecvInPlace); flush wakes it.
+		qp.in.Fail(reason)
+	}
 	qp.out.Fail(reason)
 	return true
 }

@@ -49,22 +49,24 @@ type session struct {
 	polling     bool
 	sleeping    bool          // the poller waits in CompletionQueue.Wait
 	pumping     bool          // a goroutine drives the connection for ctlq
-	reposts     []int         // consumed receive buffers not posted again yet
-	posted      int           // receive buffers posted
+	// The incoming ring (nic.QPOptions.InPlace): messages are read where
+	// they lie. inPos is the ring position after the last one taken,
+	// relPos how far the ring is given back; a message the application has
+	// not read holds its space (rxEntry.held), and so do the messages
+	// after it.
+	inPos, relPos uint64
+	taken         uint64 // messages taken from the ring
+	heldN         int    // rx entries that hold ring space
 	interesting bool          // a dispatch round saw more than send completions
 	wantSend    bool          // a writer waits for a free send buffer
 	changed     chan struct{} // closed after each round of dispatch; nil if nobody waits
 	rounds      uint32        // rounds of dispatch ended, and wake-ups: see progress
 	comps       [16]nic.Completion
 
-	// The control-message pool: window receive buffers and sendBufs send
-	// buffers of bufSize bytes each, in a slab of the device's
-	// (ctlpool.go); the peer may write the device's doorbell, bellMR.
+	// Messages travel in the queue pair's rings, written and read in
+	// place; bufSize is the largest message this side takes. The peer may
+	// write the device's doorbell, bellMR (announced in the hello).
 	bufSize   int
-	pool      ctlPool
-	recvBufs  [][]byte
-	sendBufs  [][]byte
-	sendFree  []int
 	bellMR    *nic.MemoryRegion
 	replyDue  atomic.Bool // a message went out since the poller last slept
 	replyLook bool        // block mode with a ReplyWait: replyDue is kept
@@ -73,7 +75,7 @@ type session struct {
 	helloDone   bool
 	version     uint16
 	dialer      bool
-	window      uint32 // receive buffers we granted the peer (≤ posted)
+	window      uint32 // messages the peer may send unacknowledged
 	peerWindow  uint32 // receive buffers the peer granted us
 	peerBufSize int
 	peerRead    bool // the peer performs RDMA Reads: use the read rendezvous
@@ -91,7 +93,7 @@ type session struct {
 	peerAck       uint32 // how many of them the peer consumed (its last ack)
 	lastNonCredit uint32 // sent, as of our last message that was not a credit
 	received      uint32 // messages the peer sent us that arrived
-	consumed      uint32 // how many of them we consumed (buffer reposted)
+	consumed      uint32 // how many of them we are done with (read, or handled)
 	ackSent       uint32 // consumed, as of our last message (what the peer knows)
 	owed          int    // non-credit messages consumed since ackSent
 	ctlq          []ctlMsg
@@ -146,8 +148,12 @@ func (s span) covers(b []byte) bool {
 // rxEntry is one received message that the application has not read.
 type rxEntry struct {
 	kind msgType // msgData, msgRTS or msgFin
-	buf  int     // receive buffer holding data; -1 once reposted
-	data []byte  // unread inline bytes
+	// held: data aliases the incoming ring, whose space from start on is
+	// given back once the entry is read (or its bytes moved to the heap).
+	held  bool
+	start uint64
+	seq   uint64 // the message's number among those taken (holdLocked)
+	data  []byte // unread inline bytes
 	// rts:
 	id         uint32
 	size, off  uint32 // rendezvous bytes, and how many were taken

@@ -8,14 +8,14 @@ import (
 )
 
 // TestConnectionsShareRegions opens far more connections than a device
-// has regions for three apiece (what a connection registered before its
-// control buffers came from shared slabs), echoes through every one,
-// closes them, and opens one more: the slabs are given back, but one, and
-// reused.
+// has regions, echoes through every one, closes them, and opens one more:
+// a connection registers nothing of its own (its messages are written and
+// read in the rings), so a device of two regions — the doorbell and one
+// spare — serves them all.
 func TestConnectionsShareRegions(t *testing.T) {
-	const n = 100 // 200 ends on one device: 600 regions the old way
+	const n = 100
 	cfg := DefaultConfig()
-	cfg.MaxRegions = 64
+	cfg.MaxRegions = 2
 	// A listener keeps the device while connections come and go.
 	lc := ListenConfig{Config: &cfg}
 	ln, err := lc.Listen(t.Context(), "sandirect", testAddr())
@@ -28,23 +28,8 @@ func TestConnectionsShareRegions(t *testing.T) {
 		c, s := pipe(t, &cfg, &cfg)
 		clients, servers = append(clients, c), append(servers, s)
 	}
+	// A connection that registered anything would have failed to open.
 	d := clients[0].(*Conn).dev
-	slabs := func() (slabs, pools int) {
-		d.ctl.mu.Lock()
-		defer d.ctl.mu.Unlock()
-		for _, cl := range d.ctl.classes {
-			for _, s := range cl.slabs {
-				slabs++
-				pools += s.used
-			}
-		}
-		return slabs, pools
-	}
-	// Slabs of 1, 2, then ctlSlabMax pools.
-	want := 2 + (2*n-3+ctlSlabMax-1)/ctlSlabMax
-	if s, p := slabs(); p != 2*n || s > want {
-		t.Fatalf("%d pools in %d slabs for %d connection ends, want %d pools in at most %d", p, s, 2*n, 2*n, want)
-	}
 	for i, c := range clients {
 		msg := bytes.Repeat([]byte{byte(i)}, 100+i)
 		if _, err := c.Write(msg); err != nil {
@@ -61,15 +46,9 @@ func TestConnectionsShareRegions(t *testing.T) {
 		waitTorn(t, clients[i])
 		waitTorn(t, servers[i])
 	}
-	if s, p := slabs(); p != 0 || s != 1 {
-		t.Fatalf("%d pools in %d slabs after every connection closed, want none in one slab", p, s)
-	}
 	c, s := pipe(t, &cfg, &cfg)
 	if c.(*Conn).dev != d {
 		t.Fatal("a new device: the listener did not keep it")
-	}
-	if s, p := slabs(); p != 2 || s != 1 {
-		t.Fatalf("%d pools in %d slabs for one connection, want 2 in the slab kept", p, s)
 	}
 	defer c.Close()
 	defer s.Close()

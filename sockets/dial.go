@@ -83,7 +83,7 @@ func dialSHM(ctx context.Context, cfg Config, name, netw string, laddr, raddr ne
 		return nil, err
 	}
 	cq := d.nic.NewCQ()
-	qp, err := d.nic.Dial(name, nic.QPOptions{SendCQ: cq, RecvCQ: cq, Timeout: cfg.HandshakeTimeout})
+	qp, err := d.nic.Dial(name, nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: cfg.HandshakeTimeout})
 	if err != nil {
 		d.release()
 		return nil, err

@@ -17,19 +17,19 @@ import (
 func TestENOBUFS(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
-		maxRegions  int // the control pool's slab and the doorbell take 2
+		maxRegions  int // the doorbell takes 1
 		tempMemory  int
 		zeroCopy    ZeroCopy
 		noRead      bool
 		wantENOBUFS bool
 		maxPinned   int64 // the writer's pinning budget; 0: default
 	}{
-		{"no-region", 2, 0, ZeroCopyAuto, false, true, 0},
-		{"no-region/write", 2, 0, ZeroCopyAuto, true, true, 0},
-		{"one-region", 3, 0, ZeroCopyNever, false, false, 0},
-		{"no-temp-memory", 3, 64 << 10, ZeroCopyNever, false, false, 0},
-		{"no-temp-memory/no-region", 2, 64 << 10, ZeroCopyNever, false, true, 0},
-		// The control buffers fit in 48 KiB; no source or 64 KiB copy does.
+		{"no-region", 1, 0, ZeroCopyAuto, false, true, 0},
+		{"no-region/write", 1, 0, ZeroCopyAuto, true, true, 0},
+		{"one-region", 2, 0, ZeroCopyNever, false, false, 0},
+		{"no-temp-memory", 2, 64 << 10, ZeroCopyNever, false, false, 0},
+		{"no-temp-memory/no-region", 1, 64 << 10, ZeroCopyNever, false, true, 0},
+		// The doorbell fits in 48 KiB; no source or 64 KiB copy does.
 		{"pinned-bytes", 4096, 0, ZeroCopyAuto, false, true, 48 << 10},
 		{"pinned-bytes/write", 4096, 0, ZeroCopyAuto, true, true, 48 << 10},
 	} {

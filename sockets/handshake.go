@@ -42,25 +42,9 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		c.teardown()
 		return nil, err
 	}
-	B, W, S := cfg.BufferSize, cfg.Window, cfg.SendBuffers
 	var err error
-	if c.pool, err = d.getPool((W + S) * B); err != nil {
-		return fail(err)
-	}
 	if c.bellMR, err = d.doorbell(); err != nil {
 		return fail(err)
-	}
-	recv, send := c.pool.buf[:W*B], c.pool.buf[W*B:]
-	for i := 0; i < W; i++ {
-		c.recvBufs = append(c.recvBufs, recv[i*B:(i+1)*B:(i+1)*B])
-		if err := qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.pool.mr.LKey}); err != nil {
-			return fail(fmt.Errorf("sockets: post receive: %w", err))
-		}
-		c.posted++
-	}
-	for i := 0; i < S; i++ {
-		c.sendBufs = append(c.sendBufs, send[i*B:(i+1)*B:(i+1)*B])
-		c.sendFree = append(c.sendFree, S-1-i)
 	}
 	dl := makeDeadline()
 	dl.set(time.Now().Add(cfg.HandshakeTimeout))

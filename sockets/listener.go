@@ -201,7 +201,7 @@ func (l *Listener) handshake(p *nic.Pending) {
 	l.pending[p] = struct{}{}
 	l.pmu.Unlock()
 	cq := l.dev.nic.NewCQ()
-	qp, err := p.Handshake(nic.QPOptions{SendCQ: cq, RecvCQ: cq, Timeout: l.cfg.HandshakeTimeout})
+	qp, err := p.Handshake(nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: l.cfg.HandshakeTimeout})
 	l.pmu.Lock()
 	delete(l.pending, p)
 	l.pmu.Unlock()

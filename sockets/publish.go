@@ -96,4 +96,5 @@ func snapshotStats(emit func(group, name string, v uint64)) {
 	e("registers", c.Registers)
 	e("sleeps", c.Sleeps)
 	e("replies_caught", c.RepliesCaught)
+	e("spills", c.Spills)
 }

@@ -32,9 +32,7 @@ func (c *Conn) waitSendLocked() error {
 			stalled = true
 			c.stats.count(cCreditStalls, 1)
 		}
-		c.wantSend = len(c.sendFree) == 0
 		err := c.waitLocked(&c.wdl, true)
-		c.wantSend = false
 		if err != nil {
 			if werr := c.writableLocked(); werr != nil {
 				return werr
@@ -520,7 +518,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 }
 
 // onRTSLocked queues a peer's rts.
-func (c *Conn) onRTSLocked(idx int, h *header, payload []byte) {
+func (c *Conn) onRTSLocked(start uint64, h *header, payload []byte) {
 	switch {
 	case c.closed:
 		c.abortLocked(&abortError{err: errLateData})
@@ -542,11 +540,13 @@ func (c *Conn) onRTSLocked(idx int, h *header, payload []byte) {
 		return
 	}
 	c.nextRx++
-	c.rx = append(c.rx, rxEntry{
-		kind: msgRTS, buf: idx, data: payload,
+	e := rxEntry{
+		kind: msgRTS, data: payload,
 		id: h.ID(), size: h.Size(), read: h.Flags()&flagRead != 0, split: h.Flags()&flagSplit != 0,
 		addr: h.Addr(), rkey: h.RKey(),
-	})
+	}
+	c.holdLocked(&e, start)
+	c.rx = append(c.rx, e)
 }
 
 // onCTSLocked records the peer's sink for our write rendezvous.
@@ -730,6 +730,7 @@ func (c *Conn) onRDMALocked(comp *nic.Completion) {
 
 // popRxLocked drops the head of the receive queue.
 func (c *Conn) popRxLocked() {
+	c.unholdLocked(&c.rx[c.rxHead])
 	c.rx[c.rxHead] = rxEntry{}
 	c.rxHead++
 	if c.rxHead == len(c.rx) {
@@ -784,7 +785,7 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 			e.data = e.data[k:]
 			n += k
 			if len(e.data) == 0 {
-				c.consumeLocked(e.buf, false)
+				c.consumeLocked(false)
 				c.popRxLocked()
 			}
 		case msgRTS:
@@ -831,7 +832,7 @@ func (c *Conn) finishRTSLocked() {
 		}
 		c.queueCtlLocked(ctlMsg{typ: msgDone, flags: flags, id: e.id, size: e.size})
 	}
-	c.consumeLocked(e.buf, false)
+	c.consumeLocked(false)
 	c.popRxLocked()
 }
 

@@ -43,8 +43,10 @@ func (c *Conn) progress(gen uint32, dl *deadline, stopOnClose bool) error {
 	return c.progressMode(gen, dl, stopOnClose, false)
 }
 
-// progressMode is progress; with nap it never sleeps in
-// CompletionQueue.Wait but polls with naps (see noSleep).
+// progressMode is progress. nap is ignored: goroutines that wait through
+// a hang-up (linger, the pump, the handshake) once polled with naps, when
+// a hang-up drained the receive ring under a waiter's feet; an in-place
+// ring is the poller's alone.
 func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) error {
 	c.mu.Lock()
 	if c.torn {
@@ -84,11 +86,7 @@ func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) err
 	var err error
 	for {
 		var n int
-		if nap {
-			n, err = c.napCQ(dl, k)
-		} else {
-			n, err = c.pollCQ(dl, k)
-		}
+		n, err = c.pollCQ(dl, k)
 		c.mu.Lock()
 		c.dispatchPolledLocked(n)
 		// Completions of our own sends change nothing a caller waits
@@ -110,8 +108,97 @@ func (c *Conn) dispatchPolledLocked(n int) {
 		c.dispatchLocked(&c.comps[i])
 		c.comps[i] = nic.Completion{}
 	}
-	if n > 0 {
+	if c.drainLocked() || n > 0 {
 		c.pumpLocked()
+	}
+}
+
+// drainLocked handles the messages that have come in the ring, and tells
+// whether there were any. Only the poller calls it: it alone moves the
+// ring's read position, which a waiting poller looks at without mu.
+func (c *Conn) drainLocked() bool {
+	got := false
+	for !c.torn && !c.qpDead {
+		data, end, ok, err := c.qp.RecvInPlace()
+		if err != nil {
+			c.qpFailedLocked(err)
+			break
+		}
+		if !ok {
+			break
+		}
+		got = true
+		start := c.inPos
+		c.inPos = end
+		c.taken++
+		c.interesting = true
+		c.onRecvLocked(data, start)
+	}
+	c.releaseLocked()
+	return got
+}
+
+// releaseLocked gives the peer back the ring space of the messages before
+// the first one the application has not read. When handled messages wait
+// behind unread data (a control message behind data nobody reads yet), the
+// unread bytes move to the heap and all of it goes back: the peer's
+// control messages must always find room, and what the application does
+// not read still holds its credit, so the heap holds at most a window.
+func (c *Conn) releaseLocked() {
+	if c.torn || c.relPos == c.inPos {
+		return
+	}
+	to := c.inPos
+	for i := c.rxHead; i < len(c.rx); i++ {
+		if e := &c.rx[i]; e.held {
+			to = e.start
+			break
+		}
+	}
+	if to != c.inPos && c.blockedLocked() {
+		c.spillLocked()
+		to = c.inPos
+	}
+	if to > c.relPos {
+		c.qp.ReleaseRecv(to)
+		c.relPos = to
+	}
+}
+
+// blockedLocked tells whether a handled message waits behind unread data:
+// more messages were taken since the first held entry than are held.
+func (c *Conn) blockedLocked() bool {
+	for i := c.rxHead; i < len(c.rx); i++ {
+		if e := &c.rx[i]; e.held {
+			return c.taken-e.seq > uint64(c.heldN)
+		}
+	}
+	return false
+}
+
+// holdLocked makes e, about to be queued, hold the ring space of the
+// message just taken from position start.
+func (c *Conn) holdLocked(e *rxEntry, start uint64) {
+	e.held, e.start, e.seq = true, start, c.taken-1
+	c.heldN++
+}
+
+// unholdLocked ends e's hold (read, or moved to the heap).
+func (c *Conn) unholdLocked(e *rxEntry) {
+	if e.held {
+		e.held = false
+		c.heldN--
+	}
+}
+
+// spillLocked moves the unread bytes of held entries to the heap.
+func (c *Conn) spillLocked() {
+	for i := c.rxHead; i < len(c.rx); i++ {
+		if e := &c.rx[i]; e.held {
+			e.data = bytes.Clone(e.data)
+			c.unholdLocked(e)
+			c.stats.count(cSpills, 1)
+		}
 	}
 }
 
@@ -145,11 +232,11 @@ func (c *Conn) pollNowLocked() {
 // k is the kick count it started with: a change ends the wait.
 func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	comps := c.comps[:]
-	if n := c.cq.Poll(comps); n > 0 {
+	if n := c.cq.Poll(comps); n > 0 || c.qp.RecvPending() {
 		return n, nil
 	}
 	if c.replyLook && c.replyDue.Swap(false) {
-		if n := c.awaitReply(comps, dl, k); n != 0 {
+		if n, ok := c.awaitReply(comps, dl, k); ok {
 			c.stats.count(cRepliesCaught, 1)
 			return n, nil
 		}
@@ -187,58 +274,25 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 // awaitReply polls for Config.ReplyWait, in block mode, after this side
 // sent a message: the answer to it may be on its way, and finding it costs
 // less than a sleep and a wake-up. It returns how many completions it
-// took, 0 if none came (or the wait was kicked or its deadline passed).
-func (c *Conn) awaitReply(comps []nic.Completion, dl *deadline, k uint32) int {
+// took and whether anything came (a message in the ring, or completions);
+// false when the wait was kicked, its deadline passed or nothing came.
+func (c *Conn) awaitReply(comps []nic.Completion, dl *deadline, k uint32) (int, bool) {
 	end := time.Now().Add(c.cfg.ReplyWait)
 	for i := 1; ; i++ {
-		if n := c.cq.Poll(comps); n > 0 {
-			return n
+		if n := c.cq.Poll(comps); n > 0 || c.qp.RecvPending() {
+			return n, true // n == 0: the answer is in the ring
 		}
 		// A poll is ~25 ns: look at the clock every eighth.
 		if i%8 == 0 {
 			if c.kick.Load() != k || dl != nil && dl.expired.Load() || time.Now().After(end) {
-				return 0
+				return 0, false
 			}
 		}
 	}
 }
 
-// napCQ polls with growing naps instead of sleeping in
-// CompletionQueue.Wait. nic: a hang-up drains the receive ring without the
-// lock that CompletionQueue.Wait skips too (a data race); goroutines that
-// wait through a hang-up (linger, the pump) nap instead.
-func (c *Conn) napCQ(dl *deadline, k uint32) (int, error) {
-	c.mu.Lock()
-	c.repostLocked()
-	c.mu.Unlock()
-	for nap := time.Microsecond; ; nap = min(2*nap, time.Millisecond) {
-		if n := c.cq.Poll(c.comps[:]); n > 0 {
-			return n, nil
-		}
-		if dl != nil && dl.expired.Load() {
-			return 0, os.ErrDeadlineExceeded
-		}
-		if c.kick.Load() != k {
-			return 0, nil
-		}
-		time.Sleep(nap)
-	}
-}
-
-// repostLocked posts the consumed receive buffers.
-func (c *Conn) repostLocked() {
-	for _, i := range c.reposts {
-		if c.qpDead || c.torn {
-			break
-		}
-		if err := c.qp.PostRecv(nic.RecvWR{ID: wrRecv | uint64(i), Buf: c.recvBufs[i], LKey: c.pool.mr.LKey}); err != nil {
-			c.qpFailedLocked(err)
-			break
-		}
-		c.posted++
-	}
-	c.reposts = c.reposts[:0]
-}
+// repostLocked gives back the ring space of what was read.
+func (c *Conn) repostLocked() { c.releaseLocked() }
 
 // ringBellLocked wakes the poller waiting in CompletionQueue.Wait (it
 // spins or is parked there).
@@ -277,7 +331,7 @@ func classOf(t msgType) class {
 // canSendLocked tells whether a message of class k may go now: a free
 // send buffer and the credits its class needs.
 func (c *Conn) canSendLocked(k class) bool {
-	if len(c.sendFree) == 0 || c.qpDead || c.torn || !c.helloDone {
+	if c.qpDead || c.torn || !c.helloDone {
 		return false
 	}
 	return c.creditsLocked() >= uint32(k)
@@ -286,29 +340,29 @@ func (c *Conn) canSendLocked(k class) bool {
 // sendLocked sends one control message built from h and payload; the
 // caller checked canSendLocked. It fills in the ack.
 func (c *Conn) sendLocked(h *header, payload []byte) error {
-	i := c.sendFree[len(c.sendFree)-1]
-	c.sendFree = c.sendFree[:len(c.sendFree)-1]
-	buf := c.sendBufs[i]
+	// The ack below gives the peer credit for what we are done with:
+	// their ring space must be free first.
+	c.releaseLocked()
 	h.SetAck(c.consumed)
 	h.SetLen(uint32(len(payload)))
-	copy(buf, h[:])
-	n := headerSize + copy(buf[headerSize:], payload)
-	wr := nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: buf[:n], LKey: c.pool.mr.LKey}
-	// A message the nic copies at post time needs no completion: the
-	// buffer is free again at once (verbs' inline, unsignaled sends). A
-	// completion per message — queued, woken for, dequeued under the
-	// CQ's lock — was an eighth of a small round trip's software.
-	inline := n <= c.maxInline
-	if inline {
-		wr.ID, wr.Unsignaled = wrSendInline|uint64(i), true
-	}
-	if err := c.qp.PostSend(wr); err != nil {
-		c.sendFree = append(c.sendFree, i)
+	n := headerSize + len(payload)
+	// Straight into the ring to the peer: one copy, no completion. The
+	// credits guarantee room (the ring holds a window of our largest
+	// messages); a peer that lies about what it released runs out of it.
+	buf, err := c.qp.ReserveSend(n)
+	if err != nil {
+		if errors.Is(err, nic.ErrRingFull) {
+			c.abortLocked(protoErr("no room in the ring with %d credits left: the peer holds what it acknowledged", c.creditsLocked()))
+			return c.writableLocked()
+		}
 		c.qpFailedLocked(err)
 		return c.writableLocked()
 	}
-	if inline {
-		c.sendFree = append(c.sendFree, i)
+	copy(buf, h[:])
+	copy(buf[headerSize:], payload)
+	if err := c.qp.CommitSend(n); err != nil {
+		c.qpFailedLocked(err)
+		return c.writableLocked()
 	}
 	if c.replyLook {
 		c.replyDue.Store(true) // a locked instruction: only where it is read
@@ -375,52 +429,19 @@ func (c *Conn) pumpLocked() {
 	}
 }
 
-// consumeLocked reposts receive buffer i: its message is consumed.
-func (c *Conn) consumeLocked(i int, credit bool) {
+// consumeLocked counts a message we are done with: its credit goes back
+// to the peer with our next ack (its ring space first: releaseLocked).
+func (c *Conn) consumeLocked(credit bool) {
 	c.consumed++
 	if !credit {
 		c.owed++
 	}
-	if c.qpDead || c.torn {
-		return
-	}
-	c.reposts = append(c.reposts, i)
-	c.maybeRepostLocked()
 }
 
-// maybeRepostLocked posts the consumed receive buffers again.
-func (c *Conn) maybeRepostLocked() {
-	if len(c.reposts) != 0 {
-		c.repostLocked()
-	}
-}
-
-// dispatchLocked handles one completion.
+// dispatchLocked handles one completion: the queue pair's own RDMA work
+// (messages come in the ring: drainLocked).
 func (c *Conn) dispatchLocked(comp *nic.Completion) {
-	idx := int(comp.ID &^ wrKind)
 	switch comp.ID & wrKind {
-	case wrRecv:
-		c.posted--
-		c.interesting = true
-		defer c.maybeRepostLocked()
-		if comp.Status != nic.StatusSuccess {
-			if comp.Status == nic.StatusLocalLength {
-				c.abortLocked(protoErr("message larger than our %d-byte buffers", c.bufSize))
-				return
-			}
-			c.qpFailedLocked(comp.Err())
-			return
-		}
-		c.onRecvLocked(idx, comp.Bytes)
-	case wrSend:
-		c.sendFree = append(c.sendFree, idx)
-		if comp.Status != nic.StatusSuccess {
-			c.interesting = true
-			c.qpFailedLocked(comp.Err())
-		}
-	case wrSendInline: // only a failure completes; the buffer is back already
-		c.interesting = true
-		c.qpFailedLocked(comp.Err())
 	case wrRead, wrWrite:
 		c.interesting = true
 		c.onRDMALocked(comp)
@@ -429,19 +450,23 @@ func (c *Conn) dispatchLocked(comp *nic.Completion) {
 		if comp.Status != nic.StatusSuccess {
 			c.qpFailedLocked(comp.Err())
 		}
+	default:
+		c.interesting = true
+		c.qpFailedLocked(comp.Err())
 	}
 }
 
-// onRecvLocked handles a message the peer sent into receive buffer idx.
-func (c *Conn) onRecvLocked(idx, n int) {
+// onRecvLocked handles a message the peer sent, msg, where it lies in the
+// ring from position start.
+func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	if c.err != nil && !c.errDrain {
 		return // aborted: nothing more is read
 	}
-	if idx < 0 || idx >= len(c.recvBufs) || n > len(c.recvBufs[idx]) {
-		c.abortLocked(protoErr("receive completion for buffer %d of %d bytes", idx, n))
+	if len(msg) > c.bufSize {
+		c.abortLocked(protoErr("message of %d bytes, larger than our %d-byte messages", len(msg), c.bufSize))
 		return
 	}
-	h, payload, err := parseMessage(c.recvBufs[idx][:n])
+	h, payload, err := parseMessage(msg)
 	if err != nil {
 		c.abortLocked(protoErr("malformed message: %v", err))
 		return
@@ -459,7 +484,7 @@ func (c *Conn) onRecvLocked(idx, n int) {
 		}
 		c.received++
 		c.onHelloLocked(&h, payload)
-		c.consumeLocked(idx, true)
+		c.consumeLocked(true)
 		return
 	}
 	// Credits: the peer may have at most window messages unacknowledged,
@@ -489,28 +514,30 @@ func (c *Conn) onRecvLocked(idx, n int) {
 			c.abortLocked(protoErr("data after fin"))
 			return
 		}
-		c.rx = append(c.rx, rxEntry{kind: msgData, buf: idx, data: payload})
+		e := rxEntry{kind: msgData, data: payload}
+		c.holdLocked(&e, start)
+		c.rx = append(c.rx, e)
 	case msgRTS:
-		c.onRTSLocked(idx, &h, payload)
+		c.onRTSLocked(start, &h, payload)
 	case msgCTS:
 		c.onCTSLocked(&h)
-		c.consumeLocked(idx, false)
+		c.consumeLocked(false)
 	case msgDone:
 		c.onDoneLocked(&h)
-		c.consumeLocked(idx, false)
+		c.consumeLocked(false)
 	case msgCancel:
 		c.onCancelLocked(&h)
-		c.consumeLocked(idx, false)
+		c.consumeLocked(false)
 	case msgCredit:
-		c.consumeLocked(idx, true)
+		c.consumeLocked(true)
 	case msgFin:
 		if c.peerFin {
 			c.abortLocked(protoErr("second fin"))
 			return
 		}
 		c.peerFin = true
-		c.rx = append(c.rx, rxEntry{kind: msgFin, buf: -1})
-		c.consumeLocked(idx, false)
+		c.rx = append(c.rx, rxEntry{kind: msgFin})
+		c.consumeLocked(false)
 	case msgAbort:
 		c.resetLocked(&resetError{reason: string(payload)})
 	}
@@ -711,6 +738,9 @@ func (c *Conn) teardown() {
 		c.wmu.Lock()
 		c.mu.Lock()
 		c.tearing = true
+		// What a Read may still deliver leaves the ring, which goes with
+		// the queue pair.
+		c.spillLocked()
 		c.torn = true
 		d := c.dev
 		var keep, drop [][]byte
@@ -766,16 +796,7 @@ func (c *Conn) teardown() {
 		// back to its slab (to be reused, or unmapped): what a Read may
 		// still deliver moves to the heap first. Readers hold mu.
 		c.mu.Lock()
-		for i := c.rxHead; i < len(c.rx); i++ {
-			if d := c.rx[i].data; len(d) > 0 {
-				c.rx[i].data = bytes.Clone(d)
-			}
-		}
-		c.recvBufs, c.sendBufs, c.sendFree = nil, nil, nil
-		pool := c.pool
-		c.pool = ctlPool{}
 		c.mu.Unlock()
-		d.putPool(pool)
 		for _, b := range keep {
 			d.putTemp(b)
 		}

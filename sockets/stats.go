@@ -50,6 +50,7 @@ type Counters struct {
 	Registers      uint64 // nic registrations made
 	Sleeps         uint64 // times a poller slept on the completion queue
 	RepliesCaught  uint64 // block mode: waits whose answer came within Config.ReplyWait
+	Spills         uint64 // unread messages moved out of the ring to let a control message behind them go back
 }
 
 type counter int
@@ -90,6 +91,7 @@ const (
 	cRegisters
 	cSleeps
 	cRepliesCaught
+	cSpills
 	nCounters
 )
 
@@ -161,6 +163,6 @@ func (s *stats) snapshot() Counters {
 		MsgsSent: v(cMsgsSent), MsgsReceived: v(cMsgsReceived), CreditMsgs: v(cCreditMsgs),
 		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
 		Aborts: v(cAborts), Resets: v(cResets), Doorbells: v(cDoorbells), Registers: v(cRegisters),
-		Sleeps: v(cSleeps), RepliesCaught: v(cRepliesCaught),
+		Sleeps: v(cSleeps), RepliesCaught: v(cRepliesCaught), Spills: v(cSpills),
 	}
 }

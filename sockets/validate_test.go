@@ -25,9 +25,6 @@ func rawSend(t *testing.T, c net.Conn, h header, payload []byte) {
 func rawSendErr(sc *Conn, h header, payload []byte) error {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	if len(sc.sendFree) == 0 {
-		return errors.New("no free send buffer")
-	}
 	return sc.sendLocked(&h, payload)
 }
 
@@ -35,13 +32,12 @@ func rawSendErr(sc *Conn, h header, payload []byte) error {
 func rawPost(sc *Conn, msg []byte) error {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	if len(sc.sendFree) == 0 {
-		return errors.New("no free send buffer")
+	buf, err := sc.qp.ReserveSend(len(msg))
+	if err != nil {
+		return err
 	}
-	i := sc.sendFree[len(sc.sendFree)-1]
-	sc.sendFree = sc.sendFree[:len(sc.sendFree)-1]
-	n := copy(sc.sendBufs[i], msg)
-	if err := sc.qp.PostSend(nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: sc.sendBufs[i][:n], LKey: sc.pool.mr.LKey}); err != nil {
+	copy(buf, msg)
+	if err := sc.qp.CommitSend(len(msg)); err != nil {
 		return err
 	}
 	sc.sent++
@@ -205,9 +201,6 @@ var attacks = []attack{
 			if err := rawSendErr(bad, hdr(msgData, nil), []byte("flood")); err != nil {
 				return nil, err
 			}
-			bad.mu.Lock()
-			bad.sendFree = append(bad.sendFree[:0], 0) // the nic copied it
-			bad.mu.Unlock()
 		}
 		return nil, nil
 	}},
@@ -227,7 +220,7 @@ var attacks = []attack{
 			h.SetFlags(flagRead)
 			h.SetSize(1 << 20)
 			h.SetID(bad.nextTx)
-			h.SetAddr(uint64(bad.pool.mr.Addr)) // ours, but not exposed
+			h.SetAddr(uint64(bad.bellMR.Addr) + 1<<20) // ours, but not exposed
 			h.SetRKey(bad.bellMR.RKey)          // a real key of another region
 		}), []byte("inline"))
 	}},
@@ -269,7 +262,7 @@ var attacks = []attack{
 			}
 			return nil, rawSendErr(bad, hdr(msgCTS, func(h *header) {
 				h.SetSize(64 << 10)
-				h.SetAddr(uint64(bad.pool.mr.Addr))
+				h.SetAddr(uint64(bad.bellMR.Addr))
 				h.SetRKey(0xdead << 24)
 			}), nil)
 		}},
@@ -394,9 +387,6 @@ var attacks = []attack{
 				if err := rawSendErr(bad, cts, nil); err != nil {
 					return nil, err
 				}
-				bad.mu.Lock()
-				bad.sendFree = append(bad.sendFree[:0], 0) // the nic copied it
-				bad.mu.Unlock()
 			}
 			return func() error {
 				bad.dev.nic.Deregister(mr)
@@ -468,9 +458,6 @@ func TestGracefulEOF(t *testing.T) {
 	s.Close()
 	waitTorn(t, c)
 	waitTorn(t, s)
-	if cs := c.(*Conn); cs.pool.buf != nil {
-		t.Fatal("control pool not given back after teardown")
-	}
 }
 
 func TestHalfClose(t *testing.T) {
