@@ -46,22 +46,22 @@ type Conn struct {
 type session struct {
 	// Progress: one goroutine at a time polls the completion queue (the
 	// poller); the others wait for changed to be closed.
-	polling     bool
-	sleeping    bool          // the poller waits in CompletionQueue.Wait
-	pumping     bool          // a goroutine drives the connection for ctlq
+	polling  bool
+	sleeping bool // the poller waits in CompletionQueue.Wait
+	pumping  bool // a goroutine drives the connection for ctlq
 	// The incoming ring (nic.QPOptions.InPlace): messages are read where
 	// they lie. inPos is the ring position after the last one taken,
 	// relPos how far the ring is given back; a message the application has
 	// not read holds its space (rxEntry.held), and so do the messages
 	// after it.
 	inPos, relPos uint64
-	taken         uint64 // messages taken from the ring
-	heldN         int    // rx entries that hold ring space
-	interesting bool          // a dispatch round saw more than send completions
-	wantSend    bool          // a writer waits for a free send buffer
-	changed     chan struct{} // closed after each round of dispatch; nil if nobody waits
-	rounds      uint32        // rounds of dispatch ended, and wake-ups: see progress
-	comps       [16]nic.Completion
+	taken         uint64        // messages taken from the ring
+	heldN         int           // rx entries that hold ring space
+	interesting   bool          // a dispatch round saw more than send completions
+	wantSend      bool          // a writer waits for a free send buffer
+	changed       chan struct{} // closed after each round of dispatch; nil if nobody waits
+	rounds        uint32        // rounds of dispatch ended, and wake-ups: see progress
+	comps         [16]nic.Completion
 
 	// Messages travel in the queue pair's rings, written and read in
 	// place; bufSize is the largest message this side takes. The peer may

@@ -221,7 +221,7 @@ var attacks = []attack{
 			h.SetSize(1 << 20)
 			h.SetID(bad.nextTx)
 			h.SetAddr(uint64(bad.bellMR.Addr) + 1<<20) // ours, but not exposed
-			h.SetRKey(bad.bellMR.RKey)          // a real key of another region
+			h.SetRKey(bad.bellMR.RKey)                 // a real key of another region
 		}), []byte("inline"))
 	}},
 	{name: "source past its region", reason: "outside its registrations", lie: func(bad *Conn) (func() error, error) {
