@@ -20,7 +20,7 @@ const (
 	// registered — memory of the Go heap (the region keeps it referenced)
 	// or of Alloc, not an mmap the application may undo. The nic then
 	// copies to and from it without the fault protection other memory
-	// gets (about 17 ns a copy here). Device memory is stable anyway.
+	// gets (docs/performance.md). Device memory is stable anyway.
 	AccessStable
 )
 

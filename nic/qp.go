@@ -544,13 +544,13 @@ func safeCopyBy(dst, src []byte, nt bool) (err error) {
 // after a key for memory in it arrived on the ring. The announcement is in
 // the socket before the key can be (the peer's Alloc announces to every
 // queue pair before it returns), so the wait is for our reader only, and
-// a hang-up ends it; the bound is for a reader that is far behind (1,000
-// connections each mapping the segment on a loaded machine took 1.5 s).
+// a hang-up ends it; the bound is for a reader that is far behind, as
+// with a thousand connections on a loaded machine (docs/performance.md).
 const segmentWait = 10 * time.Second
 
 func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
 	// The common case, apart: a function with a defer in a loop pays for
-	// the runtime's defer records on every call (~25 ns here).
+	// the runtime's defer records on every call (docs/performance.md).
 	p.segMu.Lock()
 	seg := p.segs[idx]
 	p.segMu.Unlock()

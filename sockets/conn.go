@@ -371,8 +371,8 @@ func (c *Conn) read(b []byte) (int, error) {
 	defer c.ensurePumpLocked()
 	// One return here keeps the defers open-coded: with readLoopLocked's
 	// many returns they were stack-allocated records, run through the
-	// runtime's defer machinery on every Read (5% of a 64 B round trip's
-	// software, BenchmarkSoftwarePath).
+	// runtime's defer machinery on every Read (docs/performance.md,
+	// "Read's defers").
 	return c.readLoopLocked(b)
 }
 

@@ -24,10 +24,10 @@ import (
 // its queue pair is closed, when nothing can copy into it any more.
 
 // ctlSlabMax is the most pools a slab holds. A slab is locked whole, so
-// its free pools are memory held for connections yet to come: with 16, 64
-// idle connections cost 20 KiB more each than with pools of their own
-// (the conn suite's idle row); with 4, at most three pools a size wait,
-// and a device's 4,096 regions still serve ~16,000 connections.
+// its free pools are memory held for connections yet to come, which
+// weighed on idle connections with 16 (docs/performance.md); with 4, at
+// most three pools a size wait, and a device's 4,096 regions still serve
+// ~16,000 connections.
 const ctlSlabMax = 4
 
 type ctlSlab struct {
