@@ -127,6 +127,7 @@ func (d *Device) Deregister(mr *MemoryRegion) error {
 }
 
 func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion, error) {
+	traceRegister(mem.Addr(buf), len(buf))
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("nic: register of an empty buffer")
 	}
@@ -193,6 +194,7 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 		return mr, nil
 	}
 	d.writeEntry(mr.idx, mr.RKey, uint64(mr.Addr), uint64(mr.Len), uint32(access&remoteAccess), mr.seg, mr.off)
+	traceRegistered(mr.Addr, mr.Len, mr.LKey, mr.RKey)
 	return mr, nil
 }
 

@@ -358,6 +358,7 @@ func (qp *QueuePair) finish(op *sendOp, st Status, reason error) bool {
 
 // finishSend is finish for the request wr that moved bytes.
 func (qp *QueuePair) finishSend(wr *SendWR, bytes int, st Status, reason error) bool {
+	traceSendDone(qp, wr.ID, wr.Op, bytes, st)
 	ss := &qp.sstats
 	switch wr.Op {
 	case OpSend:
@@ -509,11 +510,7 @@ func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr 
 }
 
 // safeCopy copies src to dst and turns a memory fault (a buffer that was
-// unmapped under us) into an error instead of a crash. tools/sdtrace
-// probes it (a message landing in a posted receive): it must stay a real
-// call.
-//
-//go:noinline
+// unmapped under us) into an error instead of a crash.
 func safeCopy(dst, src []byte) error { return safeCopyBy(dst, src, false) }
 
 // safeCopyNT is safeCopy with non-temporal stores (mem.CopyNT).
@@ -720,6 +717,7 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		} else if err := safeCopy(r.Buf, rec.Data); err != nil {
 			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
 		}
+		traceRecvDone(qp, r.ID, c.Bytes, c.Status)
 		*r = postedRecv{}
 		qp.rstats.Recvs++
 		qp.rstats.BytesReceived += uint64(c.Bytes)

@@ -141,6 +141,7 @@ func (c *Cache) RegisterFor(owner Owner, buf []byte, access Access) (Handle, err
 		c.drainLocked()
 	}
 	if e := c.hitLocked(addr, end, access); e != nil {
+		traceHit(addr, n, e.lo, e.hi)
 		err := c.acquireLocked(e, owner, access)
 		c.mu.Unlock()
 		if err != nil {
@@ -150,6 +151,7 @@ func (c *Cache) RegisterFor(owner Owner, buf []byte, access Access) (Handle, err
 		c.ctr.hits.Add(1)
 		return Handle{e: e, addr: addr, n: n, access: access}, nil
 	}
+	traceMiss(addr, n)
 	e, err := c.missLocked(owner, buf, addr, end, access)
 	c.mu.Unlock()
 	if err != nil {
@@ -412,6 +414,7 @@ func (c *Cache) Deregister(h Handle) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	traceDeregister(h.addr, h.n, e.lo, e.hi)
 	if e.refs <= 0 {
 		return ErrNotRegistered
 	}
@@ -533,6 +536,7 @@ func (c *Cache) invalidateLocked(s span, gone bool) int {
 // invalidateEntryLocked handles one entry overlapping s, already out of the
 // index.
 func (c *Cache) invalidateEntryLocked(e *entry, s span, gone bool) {
+	traceInvalidate(e.lo, e.hi, s.lo, s.hi, gone)
 	if gone {
 		e.holes = append(e.holes, span{max(s.lo, e.lo), min(s.hi, e.hi)})
 	}
