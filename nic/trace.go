@@ -7,8 +7,8 @@ package nic
 // function with plain integer arguments, called where the event happens:
 // the device's and queue pairs' internals can change shape without the
 // tracer noticing, these must not. Keep their names and signatures in
-// step with tools/sdtrace/probes.go, and keep them real calls:
-// go:noinline. Untraced, each costs one call.
+// step with tools/sdtrace/probes.go, and keep them real calls (they are
+// marked noinline). Untraced, each costs one call.
 
 // traceRegister marks the start of a registration of [addr, addr+n)
 // (Register, RegisterRemote, RegisterFor). RAX addr, RBX n.

@@ -7,7 +7,7 @@ package pin
 // arguments, called where the event happens: the cache's internals can
 // change shape without the tracer noticing, these must not. Keep their
 // names and signatures in step with tools/sdtrace/probes.go, and keep them
-// real calls: go:noinline. Untraced, each costs one call.
+// real calls (they are marked noinline). Untraced, each costs one call.
 
 // traceHit marks a RegisterFor of [addr, addr+n) that a cached entry,
 // covering [lo, hi), serves. RAX addr, RBX n, RCX lo, RDI hi.
