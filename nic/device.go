@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -341,10 +342,7 @@ func (d *Device) Free(buf []byte) error {
 	// A copy that found a region here live (owns) is done before its
 	// queue pair's lock is free: wait for those, then unmap.
 	for _, qp := range qps {
-		qp.sqMu.Lock()
-		qp.rqMu.Lock()
-		qp.rqMu.Unlock()
-		qp.sqMu.Unlock()
+		quiesce.Wait(&qp.sqMu, &qp.rqMu)
 	}
 	// Peers unmap the segment when its SEG_DEL reaches them (version 2);
 	// until then their copies land in pages nobody else reads, never in

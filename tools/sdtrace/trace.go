@@ -67,11 +67,10 @@ func (r *Range) String() string { return fmt.Sprintf("[%#x,+%#x)", r.Addr, r.Len
 
 // printer writes events as text or JSON lines.
 type printer struct {
-	w      io.Writer
-	json   bool
-	quiet  bool            // histograms only
-	kinds  map[string]bool // nil: every kind
-	header bool
+	w     io.Writer
+	json  bool
+	quiet bool            // histograms only
+	kinds map[string]bool // nil: every kind
 }
 
 func (p *printer) want(kind string) bool {
