@@ -109,21 +109,21 @@ func rank(pkg string) (int, bool) {
 	switch {
 	case pkg == "bench" || strings.HasPrefix(pkg, "bench/") || strings.HasPrefix(pkg, "tools/"),
 		strings.HasPrefix(pkg, "scripts/"): // scripts/vminit: the VM tests' init
-		return 6, true
+		return 7, true
 	case pkg == "sockets":
-		return 5, true
+		return 6, true
 	case pkg == "nic":
-		return 4, true
+		return 5, true
 	case pkg == "pin", pkg == "stats":
-		return 3, true
+		return 4, true
 	case pkg == "shm", pkg == "internal/bpfmon":
-		return 2, true
+		return 3, true
 	case pkg == "internal/sys":
-		return 0, true
-	case pkg == "internal/codecheck":
-		return 0, true // imports nothing of ours
+		return 1, true // the system calls; off Linux, feature's errors
+	case pkg == "internal/feature", pkg == "internal/quiesce", pkg == "internal/codecheck":
+		return 0, true // nothing of ours below
 	case strings.HasPrefix(pkg, "internal/"):
-		return 1, true // feature probes, copies, test helpers, quiesce
+		return 2, true // copies, test helpers: on top of internal/sys
 	}
 	return 0, false
 }
