@@ -9,6 +9,8 @@ package nic
 // tracer noticing, these must not. Keep their names and signatures in
 // step with tools/sdtrace/probes.go, and keep them real calls (they are
 // marked noinline). Untraced, each costs one call.
+// sdtrace also probes the entries of QueuePair.PostSend and PostRecv,
+// whose signatures and work request types are API.
 
 // traceRegister marks the start of a registration of [addr, addr+n)
 // (Register, RegisterRemote, RegisterFor). RAX addr, RBX n.

@@ -8,6 +8,8 @@ package pin
 // change shape without the tracer noticing, these must not. Keep their
 // names and signatures in step with tools/sdtrace/probes.go, and keep them
 // real calls (they are marked noinline). Untraced, each costs one call.
+// sdtrace also probes the entry of Cache.RegisterFor, whose signature is
+// API.
 
 // traceHit marks a RegisterFor of [addr, addr+n) that a cached entry,
 // covering [lo, hi), serves. RAX addr, RBX n, RCX lo, RDI hi.
