@@ -33,7 +33,7 @@
 //
 // Latency is half a round trip in nanoseconds (min, median, p99, p99.9),
 // timed per round trip with one monotonic clock read each (the header line
-// says what one read costs, ~30 ns on a KVM guest with the tsc clock
+// says what one read costs, tens of ns on a KVM guest with the tsc clock
 // source; the floors pay it too). Bandwidth is payload GB/s (1e9 bytes/s),
 // rate million messages/s. The preempt column counts involuntary context
 // switches of the two measuring threads during the row's measurement,

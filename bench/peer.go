@@ -407,7 +407,6 @@ type peerConn struct {
 	enc  *json.Encoder
 	cmds chan ctlMsg
 	busy atomic.Bool // between a command and its "done"
-	nseg int
 }
 
 // peerMain is the whole life of a child process.

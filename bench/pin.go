@@ -105,8 +105,7 @@ func pinEBPF(env *Env) (recs []Record, err error) {
 	}
 	defer pin.Free(mine)
 	// The two are compared as a ratio: measured in alternating rounds, so
-	// that the machine's drift (a hit is 20 ns in one minute and 33 the
-	// next here) falls on both alike.
+	// that the machine's drift (docs/performance.md) falls on both alike.
 	hits := []struct {
 		name string
 		c    *pin.Cache

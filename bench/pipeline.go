@@ -19,9 +19,8 @@ import (
 // protocol at all. Transport pipeline/cached writes the pieces with copy,
 // pipeline/nt with non-temporal stores (mem.CopyNT); pipeline/best is the
 // faster of the two in this run. Which is faster depends on where the host
-// puts the two vCPUs: near (a cache line passes in 60-110 ns), cached
-// pieces stream 12-25 GB/s and non-temporal ones 6-8; far (250-330 ns),
-// cached pieces fall to 3.6-6 GB/s and non-temporal ones hold 7-10.
+// puts the two vCPUs: cached pieces win when a cache line passes between
+// them quickly, non-temporal ones when it does not (docs/performance.md).
 // pipeline/best is the machine's ceiling for a cross-core stream at that
 // moment: the conn suite's stream targets against copy() (one core, no
 // transfer) cannot be met when it is below them.

@@ -244,7 +244,7 @@ func (s *rdmaSide) recvNoRepost() ([]byte, uint64, error) {
 
 // recvUntil is recvNoRepost waiting until deadline (zero: no deadline).
 // The latency loops pass none: reading the clock for a deadline on every
-// message cost send_lat 8 B 30-40 ns of p50 here (2 of 3 runs), and they
+// message cost send_lat's p50 (docs/performance.md), and they
 // cannot hang without one — their receives stay posted, so the device's
 // Close (the harness's abort) or the peer's death (the queue pair's flush)
 // completes one with an error.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -612,8 +613,7 @@ func (qp *QueuePair) dropPeerSegment(idx uint32) error {
 	qp.retiring++
 	qp.retireMu.Unlock()
 	go func() {
-		qp.sqMu.Lock()
-		qp.sqMu.Unlock()
+		quiesce.Wait(&qp.sqMu) // copies into seg under way end first
 		releaseImport(seg)
 		qp.retireMu.Lock()
 		if qp.retiring--; qp.retiring == 0 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -36,8 +37,8 @@ type Config struct {
 	// Chunk is how many bytes the engine moves for one work request
 	// before it turns to the next queue pair. Default 1 MiB: Go's copy
 	// streams a move of 1 MiB or more past the caches (non-temporal
-	// stores), 3-4x faster for data that is not read right away; smaller
-	// pieces of a large transfer went through the caches at 2-4 GB/s.
+	// stores), much faster for data that is not read right away
+	// (docs/performance.md, "Engine chunk").
 	Chunk int
 	// RNRTimeout bounds how long a send waits for room in the peer's ring.
 	RNRTimeout time.Duration
@@ -348,10 +349,7 @@ func (d *Device) Free(buf []byte) error {
 	// A copy that found a region here live (owns) is done before its
 	// queue pair's lock is free: wait for those, then unmap.
 	for _, qp := range qps {
-		qp.sqMu.Lock()
-		qp.rqMu.Lock()
-		qp.rqMu.Unlock()
-		qp.sqMu.Unlock()
+		quiesce.Wait(&qp.sqMu, &qp.rqMu)
 	}
 	// Peers unmap the segment when its SEG_DEL reaches them (version 2);
 	// until then their copies land in pages nobody else reads, never in
@@ -379,7 +377,7 @@ func (d *Device) devMem(lkey uint32, buf []byte) bool {
 // pair is closed; or memory registered with AccessStable, which its owner
 // keeps mapped while registered. A copy to or from it under a queue
 // pair's lock cannot fault, and needs none of safeCopy's protection
-// (about 17 ns on a small copy).
+// (docs/performance.md, "Fault protection").
 func (d *Device) owns(mr *MemoryRegion) bool {
 	return mr != nil && mr.stable && d.regs[mr.idx].Load() == mr
 }

@@ -1,7 +1,9 @@
 // Package nic is sandirect's emulated SAN NIC: a verbs-like API over shared
 // memory. A Device owns memory regions (registered buffers with local and
 // remote keys), completion queues and queue pairs; a queue pair connects to
-// a peer process through a connection manager on a Unix socket.
+// a peer process through a connection manager on a Unix socket. It plays
+// the SAN adapter and service provider of Windows Sockets Direct
+// (docs/origins.md); docs/nic.md specifies its shared layouts and rules.
 //
 // # Data movement
 //

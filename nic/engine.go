@@ -13,9 +13,8 @@ import (
 // queue pairs: a queue pair whose last chunk a poller ran less than
 // engineYield ago is put aside and looked at again engineYield later. Both
 // taking turns meant that chunks alternated between the poller's CPU and
-// the engine's, each pulling the buffers over from the other's caches: a
-// 16 MiB RDMA Write ran at 0.71-0.77x single-core copy() in rounds
-// interleaved with it, and 0.91-0.99x done on the poller's thread alone.
+// the engine's, each pulling the buffers over from the other's caches
+// (docs/performance.md).
 // This is how UCX and libfabric's shm provider progress too — in the
 // caller's thread, as it polls; the engine is for work nobody polls for.
 type engine struct {

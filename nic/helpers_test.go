@@ -22,11 +22,10 @@ func testAddr() string {
 
 // end is one side of a connection: a device, its CQs and its queue pair.
 type end struct {
-	d      *Device
-	scq    *CompletionQueue
-	rcq    *CompletionQueue
-	qp     *QueuePair
-	closed bool
+	d   *Device
+	scq *CompletionQueue
+	rcq *CompletionQueue
+	qp  *QueuePair
 }
 
 func openDevice(t testing.TB, cfg *Config) *Device {

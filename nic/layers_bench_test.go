@@ -35,9 +35,9 @@ func pinnedThread(cpu int) (func(), error) {
 //     (the send path's cost);
 //   - nic: PostSend, CompletionQueue.Wait and PostRecv (send_lat's path).
 //
-// On this VM the cross-core round trip changes 2-3x from one second to the
-// next; within a round of a few milliseconds it holds, so the per-round
-// ratio is what compares. Each layer reports the median of its rounds'
+// On a VM the cross-core round trip can change severalfold from one
+// second to the next (docs/performance.md); within a round of a few
+// milliseconds it holds, so the per-round ratio is what compares. Each layer reports the median of its rounds'
 // one-way times and of their ratios to the ring round before them
 // (nic/ring is the ratio send_lat's target bounds).
 func BenchmarkSendLayers(b *testing.B) {

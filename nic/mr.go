@@ -20,7 +20,7 @@ const (
 	// registered — memory of the Go heap (the region keeps it referenced)
 	// or of Alloc, not an mmap the application may undo. The nic then
 	// copies to and from it without the fault protection other memory
-	// gets (about 17 ns a copy here). Device memory is stable anyway.
+	// gets (docs/performance.md). Device memory is stable anyway.
 	AccessStable
 )
 
@@ -45,8 +45,8 @@ type MemoryRegion struct {
 
 // Owner names whom a registration is made for — a connection, say — so
 // that Flush can release what it left in the registration cache when it
-// goes (seed 000: a socket's cached registrations are released before it
-// closes). NoOwner's registrations are shared and stay cached.
+// goes (a socket's cached registrations are released before it closes:
+// docs/origins.md). NoOwner's registrations are shared and stay cached.
 type Owner = pin.Owner
 
 // NoOwner owns the registrations of Register and RegisterRemote.
@@ -57,7 +57,7 @@ func (mr *MemoryRegion) Buf() []byte { return mr.buf }
 
 // Register registers buf for local access: as the source of sends and RDMA
 // Writes, and with AccessLocalWrite as the target of receives and RDMA
-// Reads (the seed's WSPRegisterMemory).
+// Reads (WSD's WSPRegisterMemory, docs/origins.md).
 func (d *Device) Register(buf []byte, access Access) (*MemoryRegion, error) {
 	if access&remoteAccess != 0 {
 		return nil, fmt.Errorf("nic: Register with remote access: use RegisterRemote")
@@ -94,7 +94,7 @@ func (d *Device) Cached(buf []byte) bool {
 }
 
 // RegisterRemote registers buf and exposes it to peers with a fresh,
-// unpredictable rkey (the seed's WSPRegisterRdmaMemory).
+// unpredictable rkey (WSD's WSPRegisterRdmaMemory, docs/origins.md).
 func (d *Device) RegisterRemote(buf []byte, access Access) (*MemoryRegion, error) {
 	if access&remoteAccess == 0 {
 		return nil, fmt.Errorf("nic: RegisterRemote without remote access")
@@ -103,8 +103,8 @@ func (d *Device) RegisterRemote(buf []byte, access Access) (*MemoryRegion, error
 }
 
 // Deregister releases a region from Register or RegisterRemote; a remote
-// region's rkey stops working before Deregister returns (the seed's
-// WSPDeregisterMemory and WSPDeregisterRdmaMemory).
+// region's rkey stops working before Deregister returns (WSD's
+// WSPDeregisterMemory and WSPDeregisterRdmaMemory, docs/origins.md).
 func (d *Device) Deregister(mr *MemoryRegion) error {
 	d.mu.Lock()
 	if mr.idx < 0 || mr.idx >= len(d.regs) || d.regs[mr.idx].Load() != mr {
@@ -127,6 +127,7 @@ func (d *Device) Deregister(mr *MemoryRegion) error {
 }
 
 func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion, error) {
+	traceRegister(mem.Addr(buf), len(buf))
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("nic: register of an empty buffer")
 	}
@@ -193,6 +194,7 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 		return mr, nil
 	}
 	d.writeEntry(mr.idx, mr.RKey, uint64(mr.Addr), uint64(mr.Len), uint32(access&remoteAccess), mr.seg, mr.off)
+	traceRegistered(mr.Addr, mr.Len, mr.LKey, mr.RKey)
 	return mr, nil
 }
 

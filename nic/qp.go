@@ -363,6 +363,7 @@ func (qp *QueuePair) finish(op *sendOp, st Status, reason error) bool {
 
 // finishSend is finish for the request wr that moved bytes.
 func (qp *QueuePair) finishSend(wr *SendWR, bytes int, st Status, reason error) bool {
+	traceSendDone(qp, wr.ID, wr.Op, bytes, st)
 	ss := &qp.sstats
 	switch wr.Op {
 	case OpSend:
@@ -514,11 +515,7 @@ func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr 
 }
 
 // safeCopy copies src to dst and turns a memory fault (a buffer that was
-// unmapped under us) into an error instead of a crash. tools/sdtrace
-// probes it (a message landing in a posted receive): it must stay a real
-// call.
-//
-//go:noinline
+// unmapped under us) into an error instead of a crash.
 func safeCopy(dst, src []byte) error { return safeCopyBy(dst, src, false) }
 
 // safeCopyNT is safeCopy with non-temporal stores (mem.CopyNT).
@@ -549,13 +546,13 @@ func safeCopyBy(dst, src []byte, nt bool) (err error) {
 // after a key for memory in it arrived on the ring. The announcement is in
 // the socket before the key can be (the peer's Alloc announces to every
 // queue pair before it returns), so the wait is for our reader only, and
-// a hang-up ends it; the bound is for a reader that is far behind (1,000
-// connections each mapping the segment on a loaded machine took 1.5 s).
+// a hang-up ends it; the bound is for a reader that is far behind, as
+// with a thousand connections on a loaded machine (docs/performance.md).
 const segmentWait = 10 * time.Second
 
 func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
 	// The common case, apart: a function with a defer in a loop pays for
-	// the runtime's defer records on every call (~25 ns here).
+	// the runtime's defer records on every call (docs/performance.md).
 	p.segMu.Lock()
 	seg := p.segs[idx]
 	p.segMu.Unlock()
@@ -736,6 +733,7 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		} else if err := safeCopy(r.Buf, rec.Data); err != nil {
 			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
 		}
+		traceRecvDone(qp, r.ID, c.Bytes, c.Status)
 		*r = postedRecv{}
 		qp.rstats.Recvs++
 		qp.rstats.BytesReceived += uint64(c.Bytes)

@@ -141,6 +141,7 @@ func (c *Cache) RegisterFor(owner Owner, buf []byte, access Access) (Handle, err
 		c.drainLocked()
 	}
 	if e := c.hitLocked(addr, end, access); e != nil {
+		traceHit(addr, n, e.lo, e.hi)
 		err := c.acquireLocked(e, owner, access)
 		c.mu.Unlock()
 		if err != nil {
@@ -150,6 +151,7 @@ func (c *Cache) RegisterFor(owner Owner, buf []byte, access Access) (Handle, err
 		c.ctr.hits.Add(1)
 		return Handle{e: e, addr: addr, n: n, access: access}, nil
 	}
+	traceMiss(addr, n)
 	e, err := c.missLocked(owner, buf, addr, end, access)
 	c.mu.Unlock()
 	if err != nil {
@@ -233,41 +235,13 @@ func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Ac
 	if onStack(addr, end) {
 		return nil, ErrStack
 	}
-	s := pageSpan(addr, end-addr)
-	req := s
-	cacheable := c.cacheableLocked(s)
-
-	// Merge with the cached entries s overlaps: the new entry covers their
-	// union, so the index stays non-overlapping. Pages they share stay
-	// pinned throughout: the new entry pins before the old ones unpin.
-	olds := c.scratch[:0]
+	req := pageSpan(addr, end-addr)
+	s := req
+	cacheable := c.cacheableLocked(req)
+	var olds []*entry
 	if cacheable {
-		i, j := c.idx.overlapping(s.lo, s.hi)
-		for _, o := range c.idx.ents[i:j] {
-			s.lo, s.hi = min(s.lo, o.lo), max(s.hi, o.hi)
-			access |= o.Access
-			if o.refs == 0 {
-				c.lru.remove(o)
-			}
-			olds = append(olds, o)
-		}
-		c.idx.removeAt(i, j)
+		s, access, olds = c.takeOverlapsLocked(s, access)
 	}
-	c.scratch = olds[:0]
-	restore := func() {
-		if cacheable {
-			for _, g := range c.pins.unpinned(req) {
-				c.mon.unwatch(g.lo, g.len())
-			}
-		}
-		for _, o := range olds {
-			c.idx.insert(o)
-			if o.refs == 0 {
-				c.lru.pushFront(o)
-			}
-		}
-	}
-
 	unused := 0
 	for _, o := range olds {
 		if o.refs == 0 {
@@ -275,9 +249,60 @@ func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Ac
 		}
 	}
 	if err := c.pinLocked(s, unused); err != nil {
-		restore()
+		c.restoreLocked(req, olds, cacheable)
 		return nil, err
 	}
+	e := c.newEntryLocked(owner, buf, s, access, olds)
+	if err := c.registerNewLocked(e); err != nil {
+		c.pins.unpin(s, nil)
+		c.restoreLocked(req, olds, cacheable)
+		return nil, err
+	}
+	c.installLocked(e, olds, cacheable)
+	return e, nil
+}
+
+// takeOverlapsLocked takes the cached entries that s overlaps out of the
+// index, and returns them with the union of their ranges and s and of
+// their access and access: the new entry covers their union, so the index
+// stays non-overlapping. Pages they share stay pinned throughout: the new
+// entry pins before the old ones unpin.
+func (c *Cache) takeOverlapsLocked(s span, access Access) (span, Access, []*entry) {
+	olds := c.scratch[:0]
+	i, j := c.idx.overlapping(s.lo, s.hi)
+	for _, o := range c.idx.ents[i:j] {
+		s.lo, s.hi = min(s.lo, o.lo), max(s.hi, o.hi)
+		access |= o.Access
+		if o.refs == 0 {
+			c.lru.remove(o)
+		}
+		olds = append(olds, o)
+	}
+	c.idx.removeAt(i, j)
+	c.scratch = olds[:0]
+	return s, access, olds
+}
+
+// restoreLocked undoes a miss for req that failed: it stops watching the
+// pages of req that nothing pins (cacheableLocked began to), and puts the
+// entries of takeOverlapsLocked back.
+func (c *Cache) restoreLocked(req span, olds []*entry, cacheable bool) {
+	if cacheable {
+		for _, g := range c.pins.unpinned(req) {
+			c.mon.unwatch(g.lo, g.len())
+		}
+	}
+	for _, o := range olds {
+		c.idx.insert(o)
+		if o.refs == 0 {
+			c.lru.pushFront(o)
+		}
+	}
+}
+
+// newEntryLocked makes the entry for the pinned span s, held once by
+// owner. It keeps buf alive, and what the entries it merges kept.
+func (c *Cache) newEntryLocked(owner Owner, buf []byte, s span, access Access, olds []*entry) *entry {
 	c.nextID++
 	e := &entry{
 		Region: Region{Addr: s.lo, Len: s.len(), Access: access},
@@ -290,24 +315,35 @@ func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Ac
 		e.keep = append(e.keep, o.keep...)
 	}
 	e.keep = append(e.keep, buf[:len(buf):len(buf)])
-	if c.hooks != nil {
-		if err := c.hooks.Register(&e.Region); err != nil {
-			c.pins.unpin(s, nil)
-			restore()
-			return nil, fmt.Errorf("nic register: %w", err)
-		}
-		e.registered = true
-		if access.Remote() {
-			if err := c.exposeLocked(e); err != nil {
-				c.hooks.Deregister(&e.Region)
-				c.pins.unpin(s, nil)
-				restore()
-				return nil, err
-			}
-		}
-	} else if access.Remote() {
-		e.exposed, e.everExposed = true, true
+	return e
+}
+
+// registerNewLocked registers a new entry with the NIC and, for remote
+// access, exposes it. When it fails, the NIC keeps nothing of the entry.
+func (c *Cache) registerNewLocked(e *entry) error {
+	remote := e.Access.Remote()
+	if c.hooks == nil {
+		e.exposed, e.everExposed = remote, remote
+		return nil
 	}
+	if err := c.hooks.Register(&e.Region); err != nil {
+		return fmt.Errorf("nic register: %w", err)
+	}
+	e.registered = true
+	if remote {
+		if err := c.exposeLocked(e); err != nil {
+			c.hooks.Deregister(&e.Region)
+			return err
+		}
+	}
+	return nil
+}
+
+// installLocked enters a new, registered entry in the index (or, when its
+// range cannot be cached, in the list of entries in use), and releases the
+// entries it merged — or, for those in use, marks them dead: their holders
+// keep them until their last Deregister.
+func (c *Cache) installLocked(e *entry, olds []*entry, cacheable bool) {
 	c.nEntries++
 	if cacheable {
 		e.state = stateCached
@@ -325,7 +361,6 @@ func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Ac
 		}
 	}
 	c.syncCounters()
-	return e, nil
 }
 
 // pinLocked pins s within the limits, evicting unused entries to make room,
@@ -412,6 +447,7 @@ func (c *Cache) Deregister(h Handle) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	traceDeregister(h.addr, h.n, e.lo, e.hi)
 	if e.refs <= 0 {
 		return ErrNotRegistered
 	}
@@ -533,6 +569,7 @@ func (c *Cache) invalidateLocked(s span, gone bool) int {
 // invalidateEntryLocked handles one entry overlapping s, already out of the
 // index.
 func (c *Cache) invalidateEntryLocked(e *entry, s span, gone bool) {
+	traceInvalidate(e.lo, e.hi, s.lo, s.hi, gone)
 	if gone {
 		e.holes = append(e.holes, span{max(s.lo, e.lo), min(s.hi, e.hi)})
 	}

@@ -1,6 +1,7 @@
 // Package pin registers memory for the NIC and caches the registrations: the
-// memory-registration cache of seed 000 (see shared/SPEC.md and the pin
-// section of shared/DESIGN.md).
+// registration cache of a Windows Sockets Direct provider, rebuilt on mlock
+// and address-space monitors (docs/origins.md says what that cache is and
+// how it maps onto this package).
 //
 // # Registration
 //

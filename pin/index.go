@@ -5,12 +5,10 @@ import "slices"
 // index is the ordered set of cached entries: non-overlapping page ranges
 // sorted by start, kept as two parallel sorted arrays searched by bisection.
 //
-// Why not a B-tree: on this machine google/btree's DescendLessOrEqual took
-// 108–127 ns and tidwall/btree's Descend 87 ns per lookup among 1000
-// entries (closure-driven iteration), while bisection over a []uintptr of
-// starts takes ~10–25 ns; the cache-hit budget is 50 ns in all. Insertion
-// and removal move up to MaxEntries pointers (32 KiB at the default), a
-// microsecond at worst, and happen only on a miss, which costs an mlock.
+// Why not a B-tree: the B-trees we measured took several times longer per
+// lookup than bisection over a []uintptr of starts, which fits a cache
+// hit's budget (docs/performance.md, "pin"). Insertion and removal move up
+// to MaxEntries pointers and happen only on a miss, which costs an mlock.
 //
 // Not safe for concurrent use: the Cache's mu guards it.
 type index struct {

@@ -8,7 +8,7 @@ import (
 )
 
 // MonitorKind names a way of learning that the address space changed under
-// a cached registration (the OS notification of seed 000).
+// a cached registration (the OS's notice of release: docs/origins.md).
 type MonitorKind int
 
 const (

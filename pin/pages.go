@@ -11,8 +11,6 @@ type span struct{ lo, hi uintptr }
 
 func (s span) len() uintptr { return s.hi - s.lo }
 
-func (s span) overlaps(lo, hi uintptr) bool { return s.lo < hi && lo < s.hi }
-
 var pageMask = uintptr(sys.PageSize - 1)
 
 // pageSpan returns the page-aligned superset of [addr, addr+n). n > 0 and

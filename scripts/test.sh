@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine of this kind: installs what
-# the tests need, then vet and the tests under the race detector (fuzz
+# the tests need, then vet, gofmt, staticcheck and a build of the library
+# for darwin, then the tests under the race detector (fuzz
 # targets run their seed corpora; cross-process tests re-exec the test
 # binary), then the eBPF tests again on a second kernel (Debian 6.1 under
 # qemu; SANDIRECT_SKIP_VM=1 skips that part).
@@ -21,6 +22,22 @@ fi
 
 go mod download
 go vet ./...
+# Static checks: gofmt, staticcheck (pinned; the version is its module's),
+# and the library built for a system other than Linux, where every system
+# call fails with ErrNotSupported (internal/sys/sys_other.go). The layering
+# and function length are tests (internal/codecheck).
+staticcheck_version=v0.8.2 # staticcheck 2026.2.2
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then
+	echo "test.sh: not gofmt'd:" $unformatted >&2
+	exit 1
+fi
+if [ "$(staticcheck -version 2>/dev/null | sed -n 's/.*(\(.*\))$/v\1/p')" != "$staticcheck_version" ]; then
+	go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+fi
+staticcheck ./...
+GOOS=darwin go build ./shm/... ./pin/... ./nic/... ./sockets/... ./stats/... ./internal/...
+GOOS=darwin go vet ./internal/sys
 # As root on a kernel with BTF the eBPF tests must run for real, not skip.
 if [ "$(id -u)" = 0 ] && [ -e /sys/kernel/btf/vmlinux ]; then
 	export SANDIRECT_REQUIRE_EBPF="${SANDIRECT_REQUIRE_EBPF:-tp_btf,raw_tracepoint,tracepoint}"

@@ -1,7 +1,8 @@
 // Package shm is sandirect's fabric: shared-memory segments passed between
 // processes as sealed memfds, single-producer single-consumer rings of
 // variable-length records inside them, and doorbells that spin and then
-// sleep on a futex word in the segment.
+// sleep on a futex word in the segment. It plays the SAN of Windows
+// Sockets Direct (docs/origins.md); docs/layout.md specifies its layouts.
 //
 // # Segments
 //

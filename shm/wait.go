@@ -47,10 +47,10 @@ func ParseWaitMode(s string) (WaitMode, error) {
 // DefaultWaitConfig.
 type WaitConfig struct {
 	Mode WaitMode
-	// Spin is how long WaitAdaptive spins before it sleeps. On a machine
-	// where a futex wake-up round trip costs ~50 µs and a cache-line round
-	// trip ~60 ns, spinning for a few tens of microseconds catches most
-	// request/response traffic without a system call.
+	// Spin is how long WaitAdaptive spins before it sleeps. A futex
+	// wake-up costs many cache-line hand-offs, so spinning for a few tens
+	// of microseconds catches most request/response traffic without a
+	// system call (docs/performance.md, "shm: waiting").
 	Spin time.Duration
 }
 

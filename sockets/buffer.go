@@ -4,7 +4,8 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"unsafe"
+
+	"github.com/sandirect/sandirect/internal/mem"
 )
 
 // Buffers in shared memory.
@@ -104,7 +105,7 @@ func FreeBuffer(b []byte) error {
 	return nil
 }
 
-func bufferAddr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+func bufferAddr(b []byte) uintptr { return mem.Addr(b) }
 
 // sharedSource tells whether a write's source lies in a buffer from
 // AllocBuffer on this connection's device.

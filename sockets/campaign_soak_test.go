@@ -240,7 +240,7 @@ func TestCampaignSoak(t *testing.T) {
 				}
 			}
 			tick.Stop()
-			prev = m.report(t, mode, start, time.Since(last), prev)
+			m.report(t, mode, start, time.Since(last), prev)
 			close(errs)
 			for err := range errs {
 				t.Error(err)

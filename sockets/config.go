@@ -63,8 +63,8 @@ type Config struct {
 	// zero-copy (unless a write deadline is set); a larger one, or any
 	// when ZeroCopyMax is 0 (the default), is copied in CopyChunk pieces,
 	// which pipeline: the writer copies a piece while the reader takes the
-	// one before. Measured here (TestStreamCPU, docs/protocol.md), copies
-	// stream 2-4x faster than the cross-memory read of a zero-copy source.
+	// one before, and streams faster than the cross-memory read of a
+	// zero-copy source (docs/performance.md, "Copy or zero copy").
 	ZeroCopyMax int
 	// SplitMin: a zero-copy read rendezvous of at least this many bytes,
 	// from a buffer the application reuses, is offered to the peer as a
@@ -113,11 +113,10 @@ type Config struct {
 	Wait shm.WaitConfig
 	// ReplyWait: in block mode, a call that is about to sleep right after
 	// this side sent a message first looks for the answer this long. An
-	// answer inside it costs no sleep and no wake-up (5-50 µs here); the
-	// look costs what a protocol that wakes its peer on every message
-	// spends in that system call when the peer is awake (a shared futex
-	// wake with nobody waiting: 0.6 µs here), and nothing at all while no
-	// message goes out. Default 1 µs; negative: sleep at once.
+	// answer inside it costs no sleep and no wake-up; the look costs what a
+	// protocol that wakes its peer on every message spends in that system
+	// call when the peer is awake, and nothing at all while no message
+	// goes out (docs/performance.md). Default 1 µs; negative: sleep at once.
 	ReplyWait time.Duration
 	// ForceTCP makes "tcp" dials use plain TCP even to this host.
 	ForceTCP bool

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/nic"
 )
 
@@ -187,14 +188,13 @@ type recvOp struct {
 
 // txfer is one rendezvous we send.
 type txfer struct {
-	id      uint32
-	read    bool
-	size    uint32
-	src     []byte // the data: the application's buffer or temp
-	temp    []byte // temporary memory to give back; nil for zero copy
-	mr      *nic.MemoryRegion
-	done    bool
-	abandon bool // the writer gave up (close, deadline): release at done
+	id   uint32
+	read bool
+	size uint32
+	src  []byte // the data: the application's buffer or temp
+	temp []byte // temporary memory to give back; nil for zero copy
+	mr   *nic.MemoryRegion
+	done bool
 	// A copied piece that pieceCopier timed: its way, the copy's time,
 	// and when the rts left (the reader could start).
 	nt     bool
@@ -345,10 +345,7 @@ func (c *Conn) Close() error {
 	c.wakeLocked()
 	c.mu.Unlock()
 	// Let the calls in flight return; later ones see closed.
-	c.rmu.Lock()
-	c.wmu.Lock()
-	c.wmu.Unlock()
-	c.rmu.Unlock()
+	quiesce.Wait(&c.rmu, &c.wmu)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -376,8 +373,8 @@ func (c *Conn) read(b []byte) (int, error) {
 	defer c.ensurePumpLocked()
 	// One return here keeps the defers open-coded: with readLoopLocked's
 	// many returns they were stack-allocated records, run through the
-	// runtime's defer machinery on every Read (5% of a 64 B round trip's
-	// software, BenchmarkSoftwarePath).
+	// runtime's defer machinery on every Read (docs/performance.md,
+	// "Read's defers").
 	return c.readLoopLocked(b)
 }
 

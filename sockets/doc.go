@@ -1,8 +1,8 @@
 // Package sockets is sandirect's switch: net.Listener and net.Conn over
 // the emulated NIC (package nic) for peers on this host, and plain TCP for
 // peers elsewhere, behind one API, so one program runs on one host or
-// many. It is the Windows Sockets switch of the seeds (shared/SPEC.md,
-// seed 002) with its session protocol, which docs/protocol.md specifies.
+// many. It is the switch of Windows Sockets Direct with its session
+// protocol (docs/origins.md), which docs/protocol.md specifies.
 //
 // # Networks
 //

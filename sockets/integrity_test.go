@@ -220,7 +220,7 @@ func init() {
 		if mode == "source" {
 			lc.Config = &cfgs[0]
 		}
-		ln, err := lc.Listen(nil, "sandirect", addr)
+		ln, err := lc.Listen(context.Background(), "sandirect", addr)
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// A connection's cached registrations go with it (seed 000): the
+// A connection's cached registrations go with it (docs/origins.md): the
 // application buffers it pinned for a zero-copy send and a direct read are
 // unpinned once it is torn down, and so is the control-pool slab it alone
 // used, while the device lives on for other connections.

@@ -12,14 +12,12 @@ import (
 // has been faster lately on this device.
 //
 // Which is faster depends on where the machine puts the two processes'
-// cores, and on this VM that changes from minute to minute. When a cache
-// line passes between them in 60-100 ns, the reader finds a cached piece
-// in our cache and two threads stream a 512 KiB-piece pipeline at 12-25
-// GB/s, against 6-8 GB/s through memory. When a line takes 250-300 ns
-// (the host put the vCPUs far apart), the writer's cached stores must
-// first take every line back from the reader's cache and the same
-// pipeline falls to 3.6-6 GB/s, while non-temporal stores, which need no
-// line read in, keep it at 7-10 GB/s (docs/protocol.md, "Copied pieces").
+// cores, and on a VM that can change from minute to minute. When a cache
+// line passes between them quickly, the reader finds a cached piece in
+// our cache; when the host put the vCPUs far apart, the writer's cached
+// stores must first take every line back from the reader's cache, while
+// non-temporal stores need no line read in (docs/protocol.md, "Copied
+// pieces"; the figures are in docs/performance.md).
 //
 // Our copy's own speed does not tell the two cases apart — non-temporal
 // stores are always fast for the writer, and leave the reader to fetch
@@ -48,9 +46,9 @@ const (
 	// default) are not yet where that way leaves them.
 	warmBytes  = 8 << 20
 	trialBytes = 4 << 20
-	// copierRetry is how often the slower way is measured again: a trial
-	// run of 12 MiB at a third of the speed every 250 ms costs under 1%,
-	// and a placement change is followed within a second.
+	// copierRetry is how often the slower way is measured again: rarely
+	// enough that its trial runs cost little of a stream, often enough to
+	// follow a placement change within a second.
 	copierRetry = 250 * time.Millisecond
 )
 

@@ -107,9 +107,8 @@ func (c *Conn) chooseCopyLocked(body []byte, split bool) bool {
 	case c.cfg.ZeroCopyMax == 0 || n > c.cfg.ZeroCopyMax:
 		// Copies in CopyChunk pieces pipeline: we copy a piece while the
 		// peer takes the one before, each piece in cache for the next
-		// copy. Measured here (TestStreamCPU): 10-20 GB/s at 256 KiB-4
-		// MiB writes, where the peer's cross-memory read of our buffer
-		// (zero copy) reached 5-7.
+		// copy, faster than the peer's cross-memory read of our buffer
+		// (docs/performance.md, "Copy or zero copy").
 		return true
 	case c.copyInFlight > 0 && c.copyInFlight+n > c.cfg.MaxCopyInFlight:
 		// The peer is behind: a copy would not let the write return
@@ -125,9 +124,8 @@ func (c *Conn) chooseCopyLocked(body []byte, split bool) bool {
 	case !c.reused && !c.dev.nic.Cached(body):
 		// A buffer new to the registration cache, and not the previous
 		// write's: pinning it would cost more than copying it (mlock
-		// faults and locks every page: ~150 µs a MiB here, against ~50
-		// for a copy) and the application may never write from it
-		// again. A buffer written from twice is pinned and stays cached.
+		// faults and locks every page; docs/performance.md) and the
+		// application may never write from it again. A buffer written from twice is pinned and stays cached.
 		c.stats.count(cCopyNewBuffer, 1)
 		return true
 	}
@@ -211,9 +209,8 @@ func (c *Conn) releaseSourceLocked(x *txfer) {
 // chunk, or for a write far larger than the caches, 2 MiB (at most half of
 // what may be in flight). Pieces of 1 MiB or more take Go's non-temporal
 // copy on both sides, which saves reading a cold destination in before
-// writing it: a 16 MiB stream went from 4.7-5.6 to 5.4-7.9 GB/s of CPU
-// time per side (BenchmarkStreamCPU). A smaller write keeps its pieces in
-// cache for the reader.
+// writing it (docs/performance.md, "Large pieces"). A smaller write keeps
+// its pieces in cache for the reader.
 func copyChunk(rest, chunk, inFlight int) int {
 	const large, piece = 8 << 20, 2 << 20
 	if rest >= large && chunk < piece && inFlight >= 2*piece {
@@ -400,9 +397,9 @@ var hugeBacked = func(b []byte) bool {
 }
 
 // hugeLocked reports whether b is in huge pages (hugeBacked), asking the
-// kernel only when b is not inside *last, the last buffer found so. The
-// first time, collapsing costs ~0.5 ms per 2 MiB here; after that the
-// kernel answers in microseconds. With unlock, mu is released meanwhile.
+// kernel only when b is not inside *last, the last buffer found so: the
+// first collapse of a buffer is slow, later answers are quick
+// (docs/performance.md). With unlock, mu is released meanwhile.
 func (c *Conn) hugeLocked(last *span, b []byte, unlock bool) bool {
 	if last.covers(b) {
 		return true
@@ -942,11 +939,8 @@ func (c *Conn) splitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) []byte 
 
 // ntReadMin is the Read buffer from which direct RDMA Reads write with
 // non-temporal stores (a ReadFull of 16 MiB: all but its last 2 MiB).
-// Measured (SANDIRECT_BENCH_CONN=sockets/block, then sockets/busy, go run
-// ./bench -quick conn, binaries alternating, three pairs each): 16 MiB
-// streams 5.79 / 6.62 / 6.52 → 5.84 / 7.45 / 7.02 GB/s in block mode,
-// 4.85 / 5.68 / 6.67 → 5.04 / 5.68 / 7.57 busy. Every Read of 512 KiB or
-// more that way had halved 1 MiB streams, whose data stays in the caches.
+// Large streams gain; smaller Reads, whose data stays in the caches, lost
+// (docs/performance.md, "Non-temporal direct reads").
 const ntReadMin = 2 << 20
 
 // finishRecvLocked ends the receive operation, which completed or was

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -63,7 +61,7 @@ func streamSplits(t *testing.T, w, r net.Conn, size, msgs int, readDeadline bool
 // the tail, and every byte arrives in place, none around it.
 func TestSplitTransfers(t *testing.T) {
 	probe := bytes.Repeat([]byte{1}, 4*sys.HugePage)
-	if _, err := sys.CollapseHuge(probe); errors.Is(err, unix.EINVAL) {
+	if _, err := sys.CollapseHuge(probe); errors.Is(err, sys.EINVAL) {
 		t.Skip("no transparent huge pages here (MADV_COLLAPSE):", err)
 	}
 	for _, mode := range []shm.WaitMode{shm.WaitBusyPoll, shm.WaitBlock} {

@@ -13,14 +13,6 @@ import (
 	"github.com/sandirect/sandirect/nic"
 )
 
-// rawSend makes c send h and payload as they are, credits or not.
-func rawSend(t *testing.T, c net.Conn, h header, payload []byte) {
-	t.Helper()
-	if err := rawSendErr(c.(*Conn), h, payload); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // rawSendErr makes sc send h and payload as they are, credits or not.
 func rawSendErr(sc *Conn, h header, payload []byte) error {
 	sc.mu.Lock()

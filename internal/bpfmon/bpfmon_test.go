@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -37,14 +36,6 @@ func required(meth Method) bool {
 }
 
 var page = uintptr(os.Getpagesize())
-
-// monitors caches one Monitor per method for the whole run: loading and
-// attaching costs tens of milliseconds. Tests must leave them as they found
-// them (pids, watches, WatchAll off, ring drained).
-var (
-	monitorsMu sync.Mutex
-	monitors   = map[Method]*Monitor{}
-)
 
 // openMethod opens a Monitor attached with meth alone, skipping the test
 // with the missing feature's name when the method cannot run here (failing

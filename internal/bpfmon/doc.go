@@ -46,9 +46,8 @@
 // (a waiters word in the same array, which Wait raises before it looks for
 // records and the programs load after their fully ordered add): the
 // wake-up is an irq_work whose self-IPI, an APIC write, exits to the
-// hypervisor on a VM. Measured on this project's 2-vCPU KVM guest
-// (go run ./bench -quick pin): a 64 KiB munmap with the probes took
-// 2.3-2.5x a plain one when every submit woke, 0.97-1.04x after.
+// hypervisor on a VM, which had made every probed munmap more than twice
+// as slow (docs/performance.md, "internal/bpfmon").
 //
 // A cache built on it keeps the epoch it is up to date with. A lookup loads
 // the epoch (Epoch, or an atomic load of *EpochWord) and compares; when it
@@ -70,9 +69,9 @@
 // What each costs beyond the reported calls: the one-program methods run
 // (and return after one compare) at every system call of the machine; the
 // syscall tracepoints put every task on the kernel's slower traced syscall
-// path; kprobes cost only the six calls. A program run takes 240–370 ns on
-// the development VM (BenchmarkProgram, from the kernel's BPF statistics),
-// most of it the process lookup and the register read. When none can, Open fails with an error that
+// path; kprobes cost only the six calls. A program run's cost is mostly
+// the process lookup and the register read (BenchmarkProgram;
+// docs/performance.md). When none can, Open fails with an error that
 // matches ErrNotSupported (internal/feature) and names what is missing.
 //
 // Requirements: x86_64, Linux 5.12 (ring buffers, fetching atomics), kernel

@@ -6,4 +6,9 @@
 // a syscall.Errno (which satisfies errors.Is against the syscall constants),
 // so callers can wrap it with context. Functions are safe for concurrent use;
 // they keep no state.
+//
+// On other systems the package has the same names (sys_other.go), so that
+// the library builds there, and every call that would be a system call
+// fails with an error that matches feature.ErrNotSupported and names the
+// call, as cilium/ebpf does off Linux.
 package sys

@@ -1,3 +1,5 @@
+//go:build linux
+
 package sys
 
 import (
@@ -37,8 +39,8 @@ func HugeRange(b []byte) (addr, length uintptr) {
 //
 // Why it matters here: process_vm_readv and process_vm_writev pin the
 // other process's pages one by one before they copy, and with 4 KiB pages
-// that costs more than the copy (3 GB/s against 7.5 with huge pages on
-// this machine, 16 MiB; see docs/protocol.md, "Split transfers").
+// that costs more than the copy (docs/protocol.md, "Split transfers";
+// docs/performance.md).
 //
 // The error is from madvise: EINVAL when the kernel cannot collapse (too
 // old, transparent huge pages disabled, or a block with no page present

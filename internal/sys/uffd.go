@@ -1,3 +1,5 @@
+//go:build linux
+
 package sys
 
 import (
@@ -42,7 +44,7 @@ const (
 	// _IOWR(0xAA, 0x3F, struct uffdio_api{api, features, ioctls u64})
 	uffdioAPI = 3<<30 | 24<<16 | 0xAA<<8 | 0x3F
 	// _IOWR(0xAA, 0x00, struct uffdio_register{range{start,len}, mode, ioctls})
-	uffdioRegister = 3<<30 | 32<<16 | 0xAA<<8 | 0x00
+	uffdioRegister = 3<<30 | 32<<16 | 0xAA<<8 // nr 0x00
 	// _IOR(0xAA, 0x01, struct uffdio_range{start, len})
 	uffdioUnregister = 2<<30 | 16<<16 | 0xAA<<8 | 0x01
 )

@@ -34,32 +34,7 @@ func AlternatingRounds(b *testing.B, layers []Layer, perRound int, thread func(e
 	var phase atomic.Int64 // round r runs when phase is r; -1 ends the echoes
 	ready := make(chan error, 1)
 	done := make(chan error, 1)
-	go func() {
-		if thread != nil {
-			undo, err := thread(true)
-			if err != nil {
-				ready <- err
-				return
-			}
-			defer undo()
-		}
-		ready <- nil
-		for r := int64(1); ; r++ {
-			for ph := phase.Load(); ph != r; ph = phase.Load() {
-				if ph < 0 {
-					done <- nil
-					return
-				}
-			}
-			l := layers[(r-1)%int64(len(layers))]
-			for range perRound {
-				if err := l.Echo(); err != nil {
-					done <- fmt.Errorf("%s echo: %w", l.Name, err)
-					return
-				}
-			}
-		}
-	}()
+	go echoRounds(layers, perRound, &phase, thread, ready, done)
 	if err := <-ready; err != nil {
 		b.Skip(err)
 	}
@@ -109,4 +84,34 @@ func AlternatingRounds(b *testing.B, layers []Layer, perRound int, thread func(e
 		}
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// echoRounds runs the echoes of AlternatingRounds: in round r, the layer
+// of that round, once phase is r, until phase is -1. It reports on ready
+// when its thread is set up (or could not be), and on done when it ends.
+func echoRounds(layers []Layer, perRound int, phase *atomic.Int64, thread func(echo bool) (func(), error), ready, done chan<- error) {
+	if thread != nil {
+		undo, err := thread(true)
+		if err != nil {
+			ready <- err
+			return
+		}
+		defer undo()
+	}
+	ready <- nil
+	for r := int64(1); ; r++ {
+		for ph := phase.Load(); ph != r; ph = phase.Load() {
+			if ph < 0 {
+				done <- nil
+				return
+			}
+		}
+		l := layers[(r-1)%int64(len(layers))]
+		for range perRound {
+			if err := l.Echo(); err != nil {
+				done <- fmt.Errorf("%s echo: %w", l.Name, err)
+				return
+			}
+		}
+	}
 }

@@ -101,15 +101,6 @@ func (l fieldLoc) get(r *record) (uint64, bool) {
 	return word(&r.stack, l.off), r.stackOK
 }
 
-// Offsets of fields read through pointers (the deref bytes).
-func offsetOf(v any, name string) uintptr {
-	f, ok := reflect.TypeOf(v).FieldByName(name)
-	if !ok {
-		panic(fmt.Sprintf("sdtrace: %T has no field %s", v, name))
-	}
-	return f.Offset
-}
-
 // The arguments the probes read.
 var (
 	// PostSend(qp, wr SendWR): the receiver in RAX, then wr.
@@ -120,9 +111,5 @@ var (
 	// PostRecv(qp, wr RecvWR).
 	recvArg = newStructArg(nic.RecvWR{}, 1)
 	recvID  = recvArg.loc("ID", 0)
-	recvBuf = recvArg.loc("Buf", 0)
 	recvLen = recvArg.loc("Buf", 1)
-	// finishSend(qp, wr *SendWR, …): wr's fields through RBX.
-	sendIDOff = offsetOf(nic.SendWR{}, "ID")
-	sendOpOff = offsetOf(nic.SendWR{}, "Op")
 )

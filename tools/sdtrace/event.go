@@ -6,7 +6,9 @@ import (
 )
 
 // The record go_entry writes (struct event in bpf/sdtrace.c), little
-// endian:
+// endian. The program can also copy the 64 bytes RBX points at (deref),
+// for a probe whose argument is a pointer; every probe here takes plain
+// integers, so none asks for it, and the bytes are skipped.
 //
 //	0     8        16   24    28       32                     104          168          232
 //	+-----+--------+----+-----+--------+----------------------+------------+------------+
@@ -26,7 +28,6 @@ const (
 	offStack   = offDeref + copyBytes
 	recordSize = offStack + copyBytes
 
-	copiedDeref = 1 // COPIED_DEREF: deref holds the bytes at RBX
 	copiedStack = 2 // COPIED_STACK: stack holds the stack arguments
 )
 
@@ -46,7 +47,6 @@ const (
 // The cookie of an attachment: the probe in the low 16 bits, and flags.
 const (
 	cookieProbeMask = 0xffff
-	cookieDerefRBX  = 1 << 16 // copy the 64 bytes RBX points at
 	cookieStack     = 1 << 17 // copy the 64 bytes of stack arguments
 )
 
@@ -56,14 +56,12 @@ type record struct {
 	probe   probeID
 	g       uint64 // the goroutine (R14)
 	tid     uint32
-	derefOK bool // deref holds the bytes at RBX
 	stackOK bool // stack holds the stack arguments
 	regs    [nRegs]uint64
-	deref   [copyBytes]byte
 	stack   [copyBytes]byte
 }
 
-// word returns the 8 bytes at off of b (deref or stack), little endian.
+// word returns the 8 bytes at off of b (the stack words), little endian.
 func word(b *[copyBytes]byte, off uintptr) uint64 {
 	if off+8 > copyBytes {
 		return 0
@@ -83,12 +81,10 @@ func decodeRecord(b []byte) (record, error) {
 		tid:   le.Uint32(b[offTid:]),
 	}
 	copied := le.Uint32(b[offCopied:])
-	r.derefOK = copied&copiedDeref != 0
 	r.stackOK = copied&copiedStack != 0
 	for i := range r.regs {
 		r.regs[i] = le.Uint64(b[offRegs+8*i:])
 	}
-	copy(r.deref[:], b[offDeref:])
 	copy(r.stack[:], b[offStack:])
 	return r, nil
 }

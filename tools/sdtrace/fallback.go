@@ -68,7 +68,6 @@ type counterSource struct {
 	pid  int
 	r    *stats.Reader
 	last map[string]uint64
-	err  error // why there are no counters (reported once)
 }
 
 func (s *counterSource) delta() (map[string]int64, error) {

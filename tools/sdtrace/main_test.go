@@ -436,6 +436,12 @@ func TestUprobes(t *testing.T) {
 			t.Errorf("nic register (cache %s): %+v", how, e)
 		}
 	}
+	dereg := jsonMatch(t, out, "deregister of the buffer", func(e *Event) bool {
+		return e.Kind == "deregister" && e.Addr == r.RegAddr
+	})
+	if dereg.Len != regSize || !overlaps(dereg.Entry, r.RegAddr, regSize) || dereg.Entry.Len < regSize {
+		t.Errorf("deregister: %+v entry %v", dereg, dereg.Entry)
+	}
 	inv := jsonMatch(t, out, "invalidation of the munmapped mapping", func(e *Event) bool {
 		return e.Kind == "invalidate" && overlaps(e.Entry, r.UnmapAddr, unmapSize)
 	})

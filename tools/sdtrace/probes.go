@@ -18,20 +18,20 @@ import (
 type probeID uint16
 
 const (
-	pRegister    probeID = iota + 1 // pin.(*Cache).RegisterFor
-	pHit                            // pin.(*Cache).acquireLocked: RegisterFor found a cached entry
-	pMiss                           // pin.(*Cache).missLocked: RegisterFor pins and registers
-	pDeregister                     // pin.(*Cache).Deregister
-	pInvalidate                     // pin.(*Cache).invalidateEntryLocked
-	pPostSend                       // nic.(*QueuePair).PostSend
-	pPostRecv                       // nic.(*QueuePair).PostRecv
-	pSendDone                       // nic.(*QueuePair).finishSend: a send, RDMA Write or Read completes
-	pRecvCopy                       // nic.safeCopy: a message lands in a posted receive (or RDMA copies)
-	pConnRead                       // sockets.(*Conn).Read
-	pConnWrite                      // sockets.(*Conn).Write
-	pConnDone                       // sockets.traceIO: a Read or Write returns
-	pNicRegister                    // nic.(*Device).register: Register, RegisterRemote
-	pNicEntry                       // nic.(*Device).writeEntry: the region enters the registration table
+	pRegister      probeID = iota + 1 // pin.(*Cache).RegisterFor
+	pHit                              // pin.traceHit: RegisterFor found a cached entry
+	pMiss                             // pin.traceMiss: RegisterFor pins and registers
+	pDeregister                       // pin.traceDeregister
+	pInvalidate                       // pin.traceInvalidate
+	pPostSend                         // nic.(*QueuePair).PostSend
+	pPostRecv                         // nic.(*QueuePair).PostRecv
+	pSendDone                         // nic.traceSendDone: a send, RDMA Write or Read completes
+	pRecvDone                         // nic.traceRecvDone: a message lands in a posted receive
+	pConnRead                         // sockets.(*Conn).Read
+	pConnWrite                        // sockets.(*Conn).Write
+	pConnDone                         // sockets.traceIO: a Read or Write returns
+	pNicRegister                      // nic.traceRegister: Register, RegisterRemote, RegisterFor begin
+	pNicRegistered                    // nic.traceRegistered: the region is in the registration table
 )
 
 const modPath = "github.com/sandirect/sandirect/"
@@ -39,13 +39,15 @@ const modPath = "github.com/sandirect/sandirect/"
 // probe is one traced function and what its registers hold at entry (Go's
 // register ABI on amd64: integer arguments in RAX, RBX, RCX, RDI, RSI, R8,
 // R9, R10, R11; a receiver first; a slice as pointer, length, capacity; a
-// struct as its fields; an interface as type and data words). These are
-// the library's internals: when they change, the end-to-end test fails
-// until this table follows.
+// struct as its fields; an interface as type and data words). Each is an
+// exported method, whose signature is the library's API, or a trace point:
+// an empty go:noinline function with plain integer arguments that the
+// library keeps stable for this table (pin/trace.go, nic/trace.go,
+// sockets/trace.go). When one changes, the end-to-end test fails until
+// this table follows.
 type probe struct {
 	id    probeID
 	sym   string
-	deref bool // copy the 64 bytes at RBX (a pin entry, a work request)
 	stack bool // copy the 64 bytes of stack arguments
 }
 
@@ -53,38 +55,38 @@ var probes = []probe{
 	// RegisterFor(c, owner Owner, buf []byte, access Access):
 	// RAX c, RBX owner, RCX buf.ptr, RDI buf.len, RSI buf.cap, R8 access.
 	{id: pRegister, sym: "pin.(*Cache).RegisterFor"},
-	// acquireLocked(c, e *entry, owner, access): RBX e, whose first field
-	// is its Region: Addr, Len.
-	{id: pHit, sym: "pin.(*Cache).acquireLocked", deref: true},
-	// missLocked(c, owner, buf []byte, addr, end uintptr, access):
-	// RCX buf.ptr, RDI buf.len, R8 addr, R9 end, R10 access.
-	{id: pMiss, sym: "pin.(*Cache).missLocked"},
-	// Deregister(c, h Handle{e, addr, n, access}): RBX e, RCX addr, RDI n.
-	{id: pDeregister, sym: "pin.(*Cache).Deregister", deref: true},
-	// invalidateEntryLocked(c, e *entry, s span{lo, hi}, gone bool):
-	// RBX e, RCX s.lo, RDI s.hi, RSI gone.
-	{id: pInvalidate, sym: "pin.(*Cache).invalidateEntryLocked", deref: true},
+	// traceHit(addr uintptr, n int, lo, hi uintptr): the buffer in RAX,
+	// RBX; the entry [lo, hi) in RCX, RDI.
+	{id: pHit, sym: "pin.traceHit"},
+	// traceMiss(addr uintptr, n int): RAX, RBX.
+	{id: pMiss, sym: "pin.traceMiss"},
+	// traceDeregister(addr uintptr, n int, lo, hi uintptr): as traceHit.
+	{id: pDeregister, sym: "pin.traceDeregister"},
+	// traceInvalidate(lo, hi, slo, shi uintptr, unmapped bool): the entry
+	// in RAX, RBX; the range changing in RCX, RDI; RSI unmapped.
+	{id: pInvalidate, sym: "pin.traceInvalidate"},
 	// PostSend(qp, wr SendWR), PostRecv(qp, wr RecvWR): RAX qp; wr in the
 	// registers after it or, when it does not fit, on the stack (abi.go).
 	{id: pPostSend, sym: "nic.(*QueuePair).PostSend", stack: true},
 	{id: pPostRecv, sym: "nic.(*QueuePair).PostRecv", stack: true},
-	// finishSend(qp, wr *SendWR, bytes int, st Status, reason error):
-	// RAX qp, RBX wr (ID, Op through it), RCX bytes, RDI st. Every send,
-	// RDMA Write and RDMA Read ends here, unsignaled ones too.
-	{id: pSendDone, sym: "nic.(*QueuePair).finishSend", deref: true},
-	// safeCopy(dst, src []byte): RAX dst.ptr, RSI src.len. An incoming
-	// send is copied into its posted receive buffer with it.
-	{id: pRecvCopy, sym: "nic.safeCopy"},
+	// traceSendDone(qp, id uint64, op Opcode, bytes int, st Status):
+	// RAX qp, RBX id, RCX op, RDI bytes, RSI st. Every send, RDMA Write
+	// and RDMA Read ends there, unsignaled ones too.
+	{id: pSendDone, sym: "nic.traceSendDone"},
+	// traceRecvDone(qp, id uint64, bytes int, st Status): RAX qp, RBX id,
+	// RCX bytes, RDI st.
+	{id: pRecvDone, sym: "nic.traceRecvDone"},
 	// Read(c, b []byte), Write(c, b []byte): RAX c, RBX b.ptr, RCX b.len.
 	{id: pConnRead, sym: "sockets.(*Conn).Read"},
 	{id: pConnWrite, sym: "sockets.(*Conn).Write"},
 	// traceIO(c, op ioOp, n int, err error): RAX c, RBX op, RCX n, RDI:RSI err.
 	{id: pConnDone, sym: "sockets.traceIO"},
-	// register(d, owner, buf []byte, access): RCX buf.ptr, RDI buf.len;
-	// it calls the cache's RegisterFor, then, on success, writeEntry(d,
-	// i int, rkey, addr, length uint64, …): RBX i, RCX rkey, RDI addr.
-	{id: pNicRegister, sym: "nic.(*Device).register"},
-	{id: pNicEntry, sym: "nic.(*Device).writeEntry"},
+	// traceRegister(addr uintptr, n int): RAX addr, RBX n; the cache's
+	// RegisterFor runs next, then, on success, traceRegistered(addr
+	// uintptr, n int, lkey uint32, rkey uint64): RAX addr, RBX n, RCX
+	// lkey, RDI rkey.
+	{id: pNicRegister, sym: "nic.traceRegister"},
+	{id: pNicRegistered, sym: "nic.traceRegistered"},
 }
 
 // uprobes is the set of attached uprobes and the reader of their ring.
@@ -132,9 +134,6 @@ func attachUprobes(exe string, pid, ringSize int) (_ *uprobes, err error) {
 	prog := coll.Programs["go_entry"]
 	for _, p := range probes {
 		cookie := uint64(p.id)
-		if p.deref {
-			cookie |= cookieDerefRBX
-		}
 		if p.stack {
 			cookie |= cookieStack
 		}

@@ -67,11 +67,10 @@ func (r *Range) String() string { return fmt.Sprintf("[%#x,+%#x)", r.Addr, r.Len
 
 // printer writes events as text or JSON lines.
 type printer struct {
-	w      io.Writer
-	json   bool
-	quiet  bool            // histograms only
-	kinds  map[string]bool // nil: every kind
-	header bool
+	w     io.Writer
+	json  bool
+	quiet bool            // histograms only
+	kinds map[string]bool // nil: every kind
 }
 
 func (p *printer) want(kind string) bool {
@@ -207,13 +206,13 @@ func (e *Event) text() string {
 type correlator struct {
 	clock  *clock
 	hists  *histograms
-	regs   map[uint64]pendingReg  // goroutine → RegisterFor in progress
-	nregs  map[uint64]pendingReg  // goroutine → nic register in progress
-	io     map[uint64]pendingIO   // goroutine → Read or Write in progress
-	wrs    map[wrKey][]pendingWR  // posted sends, oldest first
-	recvs  map[uint64][]pendingWR // posted receives by buffer address, oldest first
-	recent []bpfmon.Event         // system calls seen lately, oldest first
-	mon    *bpfmon.Monitor        // nil: causes are not known
+	regs   map[uint64]pendingReg // goroutine → RegisterFor in progress
+	nregs  map[uint64]pendingReg // goroutine → nic register in progress
+	io     map[uint64]pendingIO  // goroutine → Read or Write in progress
+	wrs    map[wrKey][]pendingWR // posted sends, oldest first
+	recvs  map[wrKey][]pendingWR // posted receives, oldest first
+	recent []bpfmon.Event        // system calls seen lately, oldest first
+	mon    *bpfmon.Monitor       // nil: causes are not known
 }
 
 type pendingReg struct {
@@ -232,10 +231,9 @@ type pendingIO struct {
 type wrKey struct{ qp, id uint64 }
 
 type pendingWR struct {
-	ts     uint64
-	op     nic.Opcode
-	len    int64
-	qp, id uint64 // receives
+	ts  uint64
+	op  nic.Opcode
+	len int64
 }
 
 // Bounds on what the correlator keeps for calls whose end it never sees
@@ -250,33 +248,49 @@ func newCorrelator(c *clock, hs *histograms, mon *bpfmon.Monitor) *correlator {
 	return &correlator{
 		clock: c, hists: hs, mon: mon,
 		regs: map[uint64]pendingReg{}, nregs: map[uint64]pendingReg{}, io: map[uint64]pendingIO{},
-		wrs: map[wrKey][]pendingWR{}, recvs: map[uint64][]pendingWR{},
+		wrs: map[wrKey][]pendingWR{}, recvs: map[wrKey][]pendingWR{},
 	}
 }
 
 // handle turns r into an event, or nil when r only starts a call.
 func (c *correlator) handle(r *record) *Event {
-	g, a := r.g, &r.regs
 	ev := &Event{Time: c.clock.wall(r.ts), Tid: r.tid}
-	entry := func() *Range {
-		if !r.derefOK {
-			return nil
-		}
-		return &Range{word(&r.deref, 0), word(&r.deref, 8)} // entry.Region.Addr, .Len
+	var ok bool
+	switch r.probe {
+	case pRegister, pHit, pMiss, pDeregister, pInvalidate:
+		ok = c.pinEvent(r, ev)
+	case pPostSend, pPostRecv, pSendDone, pRecvDone, pNicRegister, pNicRegistered:
+		ok = c.nicEvent(r, ev)
+	case pConnRead, pConnWrite, pConnDone:
+		ok = c.socketsEvent(r, ev)
 	}
+	if !ok {
+		return nil
+	}
+	return ev
+}
+
+// span is the range [lo, hi) of two registers.
+func span(lo, hi uint64) *Range { return &Range{lo, hi - lo} }
+
+// pinEvent fills ev from a probe of the registration cache (pin/trace.go)
+// and reports whether it is an event.
+func (c *correlator) pinEvent(r *record, ev *Event) bool {
+	g, a := r.g, &r.regs
 	switch r.probe {
 	case pRegister:
+		// RegisterFor(c, owner Owner, buf []byte, access): RCX buf.ptr, RDI buf.len.
 		if len(c.regs) >= maxPending {
 			clear(c.regs)
 		}
 		c.regs[g] = pendingReg{ts: r.ts, addr: a[rCX], len: a[rDI]}
-		return nil
+		return false
 	case pHit:
 		c.noteCache(g, "hit")
-		ev.Kind, ev.Op, ev.Entry = "register", "hit", entry()
+		ev.Kind, ev.Op, ev.Entry = "register", "hit", span(a[rCX], a[rDI])
+		ev.Addr, ev.Len, ev.Bytes = a[rAX], a[rBX], int64(a[rBX])
 		if p, ok := c.regs[g]; ok {
 			delete(c.regs, g)
-			ev.Addr, ev.Len, ev.Bytes = p.addr, p.len, int64(p.len)
 			ev.LatencyNS = int64(r.ts - p.ts)
 			c.hists.add("register hit", time.Duration(ev.LatencyNS))
 		}
@@ -284,84 +298,94 @@ func (c *correlator) handle(r *record) *Event {
 		c.noteCache(g, "miss")
 		delete(c.regs, g)
 		ev.Kind, ev.Op = "register", "miss"
-		ev.Addr, ev.Len, ev.Bytes = a[rCX], a[rDI], int64(a[rDI])
+		ev.Addr, ev.Len, ev.Bytes = a[rAX], a[rBX], int64(a[rBX])
 	case pDeregister:
-		ev.Kind, ev.Entry = "deregister", entry()
-		ev.Addr, ev.Len, ev.Bytes = a[rCX], a[rDI], int64(a[rDI])
+		ev.Kind, ev.Entry = "deregister", span(a[rCX], a[rDI])
+		ev.Addr, ev.Len, ev.Bytes = a[rAX], a[rBX], int64(a[rBX])
 	case pInvalidate:
-		ev.Kind, ev.Entry = "invalidate", entry()
-		ev.Range = &Range{a[rCX], a[rDI] - a[rCX]}
+		ev.Kind, ev.Entry = "invalidate", span(a[rAX], a[rBX])
+		ev.Range = span(a[rCX], a[rDI])
 		ev.Unmapped = a[rSI]&0xff != 0
 		if sc, ok := c.cause(a[rCX], a[rDI]); ok {
 			ev.Cause, ev.CauseTid = sc.Syscall.String(), sc.Tid
 		}
+	}
+	return true
+}
+
+// nicEvent fills ev from a probe of the nic (PostSend, PostRecv and
+// nic/trace.go) and reports whether it is an event.
+func (c *correlator) nicEvent(r *record, ev *Event) bool {
+	g, a := r.g, &r.regs
+	switch r.probe {
 	case pPostSend:
 		id, ok1 := sendID.get(r)
 		op, ok2 := sendOp.get(r)
 		n, ok3 := sendLen.get(r)
 		if ok1 && ok2 && ok3 {
-			c.wrs[wrKey{a[rAX], id}] = push(c.wrs[wrKey{a[rAX], id}], pendingWR{ts: r.ts, op: nic.Opcode(op), len: int64(n)})
+			k := wrKey{a[rAX], id}
+			c.wrs[k] = push(c.wrs[k], pendingWR{ts: r.ts, op: nic.Opcode(op), len: int64(n)})
 			c.bound()
 		}
-		return nil
+		return false
 	case pPostRecv:
 		id, ok1 := recvID.get(r)
-		buf, ok2 := recvBuf.get(r)
-		n, ok3 := recvLen.get(r)
-		if ok1 && ok2 && ok3 {
-			c.recvs[buf] = push(c.recvs[buf], pendingWR{ts: r.ts, op: nic.OpRecv, len: int64(n), qp: a[rAX], id: id})
+		n, ok2 := recvLen.get(r)
+		if ok1 && ok2 {
+			k := wrKey{a[rAX], id}
+			c.recvs[k] = push(c.recvs[k], pendingWR{ts: r.ts, op: nic.OpRecv, len: int64(n)})
 			c.bound()
 		}
-		return nil
+		return false
 	case pSendDone:
-		if !r.derefOK {
-			return nil
-		}
-		op := nic.Opcode(word(&r.deref, sendOpOff) & 0xff)
-		ev.Kind, ev.Op = "nic", op.String()
-		ev.QP, ev.WR = a[rAX], word(&r.deref, sendIDOff)
-		ev.Status = nic.Status(a[rDI] & 0xff).String()
-		ev.Bytes = int64(a[rCX])
-		k := wrKey{ev.QP, ev.WR}
-		if p, ok := pop(c.wrs, k); ok {
+		ev.Kind, ev.Op = "nic", nic.Opcode(a[rCX]&0xff).String()
+		ev.QP, ev.WR = a[rAX], a[rBX]
+		ev.Bytes = int64(a[rDI])
+		ev.Status = nic.Status(a[rSI] & 0xff).String()
+		if p, ok := pop(c.wrs, wrKey{ev.QP, ev.WR}); ok {
 			ev.LatencyNS = int64(r.ts - p.ts)
 			c.hists.add("nic "+ev.Op, time.Duration(ev.LatencyNS))
 		}
-	case pRecvCopy:
-		// Only copies into a posted receive buffer are receives.
-		p, ok := pop(c.recvs, a[rAX])
-		if !ok {
-			return nil
-		}
+	case pRecvDone:
 		ev.Kind, ev.Op = "nic", nic.OpRecv.String()
-		ev.QP, ev.WR, ev.Status = p.qp, p.id, nic.StatusSuccess.String()
-		ev.Bytes = int64(a[rSI])
-		ev.LatencyNS = int64(r.ts - p.ts)
-		c.hists.add("nic recv", time.Duration(ev.LatencyNS))
+		ev.QP, ev.WR = a[rAX], a[rBX]
+		ev.Bytes = int64(a[rCX])
+		ev.Status = nic.Status(a[rDI] & 0xff).String()
+		if p, ok := pop(c.recvs, wrKey{ev.QP, ev.WR}); ok {
+			ev.LatencyNS = int64(r.ts - p.ts)
+			c.hists.add("nic recv", time.Duration(ev.LatencyNS))
+		}
 	case pNicRegister:
 		if len(c.nregs) >= maxPending {
 			clear(c.nregs)
 		}
-		c.nregs[g] = pendingReg{ts: r.ts, addr: a[rCX], len: a[rDI]}
-		return nil
-	case pNicEntry:
-		// Also called when a region is revoked: only the end of a
-		// register of the same goroutine and address counts.
-		p, ok := c.nregs[g]
-		if !ok || p.addr != a[rDI] {
-			return nil
-		}
-		delete(c.nregs, g)
+		c.nregs[g] = pendingReg{ts: r.ts, addr: a[rAX], len: a[rBX]}
+		return false
+	case pNicRegistered:
 		ev.Kind, ev.Op = "nic", "register"
-		ev.Addr, ev.Len, ev.Bytes = p.addr, p.len, int64(p.len)
-		ev.LKey, ev.RKey, ev.Cache = a[rBX]+1, a[rCX], p.cache
-		ev.LatencyNS = int64(r.ts - p.ts)
-		op := "nic register"
-		if p.cache != "" {
-			op += " (cache " + p.cache + ")"
+		ev.Addr, ev.Len, ev.Bytes = a[rAX], a[rBX], int64(a[rBX])
+		ev.LKey, ev.RKey = a[rCX]&0xffffffff, a[rDI]
+		if p, ok := c.nregs[g]; ok && p.addr == ev.Addr {
+			delete(c.nregs, g)
+			ev.Cache = p.cache
+			ev.LatencyNS = int64(r.ts - p.ts)
+			op := "nic register"
+			if p.cache != "" {
+				op += " (cache " + p.cache + ")"
+			}
+			c.hists.add(op, time.Duration(ev.LatencyNS))
 		}
-		c.hists.add(op, time.Duration(ev.LatencyNS))
+	}
+	return true
+}
+
+// socketsEvent fills ev from a probe of sockets (Read, Write and
+// sockets/trace.go) and reports whether it is an event.
+func (c *correlator) socketsEvent(r *record, ev *Event) bool {
+	g, a := r.g, &r.regs
+	switch r.probe {
 	case pConnRead, pConnWrite:
+		// Read(c, b []byte), Write(c, b []byte): RAX c, RBX b.ptr, RCX b.len.
 		if len(c.io) >= maxPending {
 			clear(c.io)
 		}
@@ -370,7 +394,7 @@ func (c *correlator) handle(r *record) *Event {
 			op = "write"
 		}
 		c.io[g] = pendingIO{ts: r.ts, conn: a[rAX], len: int64(a[rCX]), op: op}
-		return nil
+		return false
 	case pConnDone:
 		ev.Kind, ev.Conn = "sockets", a[rAX]
 		ev.Op = map[uint64]string{1: "read", 2: "write"}[a[rBX]&0xff]
@@ -382,10 +406,8 @@ func (c *correlator) handle(r *record) *Event {
 			ev.LatencyNS = int64(r.ts - p.ts)
 			c.hists.add("sockets "+ev.Op, time.Duration(ev.LatencyNS))
 		}
-	default:
-		return nil
 	}
-	return ev
+	return true
 }
 
 // noteCache records how the cache served the nic registration that
