@@ -39,11 +39,6 @@ func at(base unsafe.Pointer, off uint64) *uint64 {
 	return (*uint64)(unsafe.Add(base, off))
 }
 
-// rawPointer returns the address of an in-process atomic word, for futex
-// calls on it. Go does not move heap objects, so the address is stable for
-// the object's lifetime.
-func rawPointer(p *atomic.Uint32) unsafe.Pointer { return unsafe.Pointer(p) }
-
 // Exported accessors for the shared tables of higher layers. Each loads or
 // stores one word with sequentially consistent ordering; off must be
 // aligned to the word and lie inside mem (else they panic: a programming

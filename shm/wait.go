@@ -91,9 +91,12 @@ type WaitStats struct {
 }
 
 // SpinCheckEvery is how many looks a spinning wait takes between looks at
-// the clock, the deadline and the failure state, and between yields of
-// its processor to other goroutines (runtime.Gosched).
+// the clock, the deadline and the failure state.
 const SpinCheckEvery = 64
+
+// yieldEvery is how many clock looks a spin takes between yields
+// (runtime.Gosched): a few hundred microseconds.
+const yieldEvery = 256
 
 // A Waitable is what a wait waits for.
 type Waitable interface {
@@ -205,7 +208,13 @@ func spin(x Waitable, deadline, end time.Time) error {
 					return errSpinOver
 				}
 			}
-			runtime.Gosched()
+			// Yield to the processor's other goroutines now and then,
+			// not often: Gosched wakes an idle processor's thread to look
+			// for work, which on a small machine takes a CPU from the
+			// peer we wait for.
+			if i%(SpinCheckEvery*yieldEvery) == 0 {
+				runtime.Gosched()
+			}
 		}
 	}
 }

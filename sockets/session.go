@@ -792,11 +792,6 @@ func (c *Conn) teardown() {
 		}
 		c.qp.Close()
 		c.cq.Close()
-		// Messages received and not read yet sit in the pool, which goes
-		// back to its slab (to be reused, or unmapped): what a Read may
-		// still deliver moves to the heap first. Readers hold mu.
-		c.mu.Lock()
-		c.mu.Unlock()
 		for _, b := range keep {
 			d.putTemp(b)
 		}

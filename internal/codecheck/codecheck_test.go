@@ -184,7 +184,6 @@ var tooLong = map[string]bool{
 	"sockets.parseMessage":                true, // to become table-driven
 	"sockets.(*Conn).sendLargeLocked":     true,
 	"sockets.(*Conn).onRecvLocked":        true,
-	"sockets.(*Conn).teardown":            true,
 }
 
 // funcName names a function as pkg.Func or pkg.(*T).Method.
