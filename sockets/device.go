@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/sandirect/sandirect/nic"
@@ -51,6 +52,10 @@ var devices struct {
 	m  map[devKey]*device
 }
 
+// devicesOpened counts the nic devices this process has opened: a dial
+// that finds no listener of ours must open none.
+var devicesOpened atomic.Uint64
+
 func acquireDevice(cfg *Config) (*device, error) {
 	key := devKey{
 		noRead:     cfg.NoRDMARead,
@@ -84,6 +89,7 @@ func acquireDevice(cfg *Config) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sockets: open device: %w", err)
 	}
+	devicesOpened.Add(1)
 	d := &device{key: key, nic: nd, refs: 1}
 	if devices.m == nil {
 		devices.m = map[devKey]*device{}

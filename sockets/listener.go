@@ -52,6 +52,7 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		l.tl = tl
 		l.addr = tl.Addr()
 		name = tcpName(tl.Addr().(*net.TCPAddr).Port)
+		noListener.forget(name) // dialers of this process find us at once
 	default:
 		return nil, &net.OpError{Op: "listen", Net: network, Err: fmt.Errorf("%w %q", ErrUnknownNetwork, network)}
 	}
