@@ -21,6 +21,10 @@ type Cache struct {
 	ctr    counters
 	done   chan struct{} // closed by Close: stops the drain goroutine
 	wg     sync.WaitGroup
+	// monReady is closed when the monitor is chosen: at once for a kind
+	// named in the Config, after the background start for MonitorAuto
+	// (startAuto). mon, epoch and report change until then, under mu.
+	monReady chan struct{}
 
 	// mu guards every field below and every entry's fields (but invalid).
 	// Lock order: mu, then ownedMu (read). Hooks run under mu. No goroutine
@@ -51,24 +55,39 @@ func New(cfg *Config) (*Cache, error) {
 	c := &Cache{cfg: c0, hooks: c0.Hooks, done: make(chan struct{})}
 	c.lru.init()
 	c.others.init()
-	var err error
-	c.mon, c.report, err = startMonitor(c0.Monitor, c0.MaxBacklog)
-	if err != nil {
-		return nil, err
-	}
-	c.epoch = c.mon.epoch()
-	c.pins.unwatch = c.mon.unwatch
-	if n := c.mon.notify(); n != nil {
-		c.wg.Add(1)
-		go c.drainLoop(n)
+	c.pins.unwatch = c.unwatchFree
+	c.monReady = make(chan struct{})
+	if c0.Monitor == MonitorAuto {
+		c.startAuto()
+	} else {
+		m, rep, err := startMonitor(c0.Monitor, c0.MaxBacklog)
+		if err != nil {
+			return nil, err
+		}
+		c.mu.Lock()
+		c.adoptLocked(m, rep)
+		c.mu.Unlock()
+		close(c.monReady)
 	}
 	registerCache(c)
 	return c, nil
 }
 
 // Monitor tells which monitor watches foreign memory and why the better
-// ones do not.
-func (c *Cache) Monitor() MonitorReport { return c.report }
+// ones do not. With MonitorAuto it waits for the monitor's background
+// start to finish (see startAuto); CurrentMonitor does not.
+func (c *Cache) Monitor() MonitorReport {
+	<-c.monReady
+	return c.CurrentMonitor()
+}
+
+// CurrentMonitor is Monitor without the wait: while MonitorAuto's monitor
+// is starting it reports MonitorOwned with Starting set.
+func (c *Cache) CurrentMonitor() MonitorReport {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.report
+}
 
 // Config returns the configuration in force, defaults filled in.
 func (c *Cache) Config() Config { return c.cfg }
@@ -254,16 +273,18 @@ func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Ac
 		c.idx.removeAt(i, j)
 	}
 	c.scratch = olds[:0]
+	// restore puts the merged entries back before it unwatches: a granule
+	// they lie in must stay watched (unwatchFree).
 	restore := func() {
-		if cacheable {
-			for _, g := range c.pins.unpinned(req) {
-				c.mon.unwatch(g.lo, g.len())
-			}
-		}
 		for _, o := range olds {
 			c.idx.insert(o)
 			if o.refs == 0 {
 				c.lru.pushFront(o)
+			}
+		}
+		if cacheable {
+			for _, g := range c.pins.unpinned(req) {
+				c.unwatchFree(g.lo, g.len())
 			}
 		}
 	}
@@ -292,16 +313,16 @@ func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Ac
 	e.keep = append(e.keep, buf[:len(buf):len(buf)])
 	if c.hooks != nil {
 		if err := c.hooks.Register(&e.Region); err != nil {
-			c.pins.unpin(s, nil)
 			restore()
+			c.pins.unpin(s, nil)
 			return nil, fmt.Errorf("nic register: %w", err)
 		}
 		e.registered = true
 		if access.Remote() {
 			if err := c.exposeLocked(e); err != nil {
 				c.hooks.Deregister(&e.Region)
-				c.pins.unpin(s, nil)
 				restore()
+				c.pins.unpin(s, nil)
 				return nil, err
 			}
 		}
@@ -309,6 +330,9 @@ func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Ac
 		e.exposed, e.everExposed = true, true
 	}
 	c.nEntries++
+	if cacheable && !c.watchMergedLocked(span{e.lo, e.hi}) {
+		cacheable = false
+	}
 	if cacheable {
 		e.state = stateCached
 		c.idx.insert(e)
@@ -613,6 +637,7 @@ func (c *Cache) Close() error {
 	unregisterCache(c)
 	close(c.done)
 	c.wg.Wait()
+	<-c.monReady // a background start closes what it started once it sees closed
 	return c.mon.close()
 }
 
