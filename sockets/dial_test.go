@@ -159,3 +159,44 @@ func TestDialAfterListenerStarts(t *testing.T) {
 		t.Fatal("accept timed out")
 	}
 }
+
+// TestDeviceLinger: a device outlives its last connection by
+// deviceLinger, so that the next dial reuses it, and closes after it.
+func TestDeviceLinger(t *testing.T) {
+	defer func(d time.Duration) { deviceLinger = d }(deviceLinger)
+	closeIdleDevices()
+	before := testutil.Snapshot()
+	deviceLinger = time.Hour
+	opened := devicesOpened.Load()
+	for range 3 {
+		c, s := pipe(t, nil, nil)
+		c.Close()
+		s.Close()
+		waitTorn(t, c)
+		waitTorn(t, s)
+	}
+	if n := devicesOpened.Load() - opened; n != 1 {
+		t.Errorf("%d devices opened for 3 connections one after another, want 1", n)
+	}
+	if n := closeIdleDevices(); n != 1 {
+		t.Errorf("%d idle devices closed, want 1", n)
+	}
+	if err := before.CheckLeaks(); err != nil {
+		t.Fatalf("after closing the idle device: %v", err)
+	}
+	deviceLinger = time.Millisecond
+	c, s := pipe(t, nil, nil)
+	c.Close()
+	s.Close()
+	waitTorn(t, c)
+	waitTorn(t, s)
+	if err := before.CheckLeaks(); err != nil {
+		t.Fatalf("deviceLinger after the last connection: %v", err)
+	}
+	devices.mu.Lock()
+	n := len(devices.m)
+	devices.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d devices open after their linger", n)
+	}
+}
