@@ -93,6 +93,8 @@ func (*ebpfMon) kind() MonitorKind { return MonitorEBPF }
 
 func (*ebpfMon) granule() uintptr { return 1 << bpfmon.GranuleShift }
 
+func (e *ebpfMon) attach() string { return string(e.m.Method()) }
+
 // watch sets the granules of s that are not set yet; on failure it clears
 // those it set.
 func (e *ebpfMon) watch(s span) error {

@@ -52,6 +52,12 @@ type MonitorReport struct {
 	// Starting says that MonitorAuto's choice is still starting in the
 	// background; meanwhile Kind is MonitorOwned (see Cache.CurrentMonitor).
 	Starting bool
+	// Attach says how the eBPF monitor's probes are attached: "tracepoint"
+	// (syscalls/sys_enter_munmap and its siblings: nothing runs for the
+	// other system calls of the host), "tp_btf" or "raw_tracepoint" (one
+	// program at every system call of the host), "kprobe". Empty for the
+	// other monitors.
+	Attach string
 }
 
 // MonitorSkip is a monitor that could not run, and why; Err matches
@@ -64,6 +70,9 @@ type MonitorSkip struct {
 func (r MonitorReport) String() string {
 	var b strings.Builder
 	b.WriteString(r.Kind.String())
+	if r.Attach != "" {
+		fmt.Fprintf(&b, " (%s)", r.Attach)
+	}
 	if r.Starting {
 		b.WriteString(" (the best monitor still starting)")
 	}
@@ -141,6 +150,9 @@ func startMonitor(kind MonitorKind, backlog int) (monitor, MonitorReport, error)
 		m, err := c.start(backlog)
 		if err == nil {
 			rep.Kind = c.k
+			if a, ok := m.(interface{ attach() string }); ok {
+				rep.Attach = a.attach()
+			}
 			return m, rep, nil
 		}
 		if kind != MonitorAuto {
