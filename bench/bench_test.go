@@ -21,6 +21,9 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(envPeer); role != "" {
 		os.Exit(peerMain(role))
 	}
+	if addr := os.Getenv(envFirstDial); addr != "" {
+		os.Exit(firstDialMain(addr))
+	}
 	testutil.Main(m)
 }
 

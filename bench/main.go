@@ -21,6 +21,9 @@ func main() {
 	if role := os.Getenv(envPeer); role != "" {
 		os.Exit(peerMain(role))
 	}
+	if addr := os.Getenv(envFirstDial); addr != "" {
+		os.Exit(firstDialMain(addr)) // suite setup: a fresh process's first dial
+	}
 	if isTerminal(os.Stderr) {
 		progressTerm = os.Stderr
 	}
@@ -104,6 +107,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	}
 	printSideBySide(stdout, all)
 	printAppSideBySide(stdout, all)
+	printSetupSideBySide(stdout, all)
 	if runErr == nil {
 		printTargets(stdout, all, env.preempts)
 	}

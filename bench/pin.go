@@ -12,8 +12,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/bpfmon"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/pin"
 )
@@ -23,7 +26,7 @@ func init() {
 		Name: "pin",
 		Doc:  "registration cache: register+deregister of a reused buffer, cached vs uncached",
 		Run:  runPin,
-		Rows: func(env *Env) int { return 2*len(pinSizes(env)) + 4 },
+		Rows: func(env *Env) int { return 2*len(pinSizes(env)) + 7 },
 	})
 	targets = append(targets,
 		target{"pin uncached 1MiB p50 / cached 1MiB p50",
@@ -34,7 +37,10 @@ func init() {
 			recordKey{"pin", "hit", "pin/owned", 4 * kiB, metricLatP50}, 1.1, true, nil},
 		target{"munmap 64KiB with probes p50 / without p50",
 			recordKey{"pin", "munmap", "munmap/ebpf", 64 * kiB, metricLatP50},
-			recordKey{"pin", "munmap", "munmap/plain", 64 * kiB, metricLatP50}, 1.1, true, nil})
+			recordKey{"pin", "munmap", "munmap/plain", 64 * kiB, metricLatP50}, 1.1, true, nil},
+		target{"hosttax: unrelated getppid with a monitor p50 / without p50",
+			recordKey{"pin", "hosttax", "hosttax/on", 0, metricLatP50},
+			recordKey{"pin", "hosttax", "hosttax/off", 0, metricLatP50}, 1.02, true, nil})
 }
 
 func pinSizes(env *Env) []int {
@@ -74,7 +80,112 @@ func runPin(ctx context.Context, env *Env) (recs []Record, err error) {
 		sys.Munmap(buf)
 	}
 	r, err := pinEBPF(env)
+	recs = append(recs, r...)
+	if err != nil {
+		return recs, err
+	}
+	r, err = hostTax(ctx, env)
 	return append(recs, r...), err
+}
+
+// hostTax measures what an attached monitor costs a process it does not
+// watch: getppid (a system call that does nothing) in a loop, with no
+// monitor attached (hosttax/off) and with the default eBPF monitor
+// attached (hosttax/on) watching another process, a child that sleeps.
+// This process is that unrelated one: the probes filter it out as they
+// would any other. The two are measured in alternating rounds, the
+// monitor attached and detached for each, so that drift falls on both.
+func hostTax(ctx context.Context, env *Env) ([]Record, error) {
+	cfg := bpfmon.DefaultConfig()
+	cfg.ExcludeSelf = true
+	probe, err := bpfmon.Open(&cfg)
+	if err != nil {
+		fmt.Fprintf(env.out, "(hosttax skipped: %v)\n", err)
+		return nil, nil
+	}
+	method := probe.Method()
+	probe.Close()
+	sleeper := exec.CommandContext(ctx, "sleep", "3600")
+	if err := sleeper.Start(); err != nil {
+		return nil, fmt.Errorf("hosttax: start the watched process: %w", err)
+	}
+	defer func() {
+		sleeper.Process.Kill()
+		sleeper.Wait()
+	}()
+	rounds := 8
+	if env.quick || testTiny {
+		rounds = 4
+	}
+	laps := min(env.plan.latMax, 20_000)
+	budget := max(env.plan.latTime/4, time.Millisecond)
+	type mode struct {
+		name    string
+		methods []bpfmon.Method // nil: no monitor
+		smp     *sampler
+	}
+	// Beside the default, the generic sys_enter attach that it is
+	// preferred to, where the default is not already that.
+	modes := []mode{{"hosttax/off", nil, nil}, {"hosttax/on", cfg.Methods, nil}}
+	if method == bpfmon.Tracepoint || method == bpfmon.Kprobe {
+		modes = append(modes, mode{"hosttax/sys_enter", []bpfmon.Method{bpfmon.TpBtf, bpfmon.RawTracepoint}, nil})
+	}
+	for i := range modes {
+		modes[i].smp = newSampler(laps)
+		modes[i].smp.start(0)
+	}
+	for range rounds {
+		for _, md := range modes {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			var m *bpfmon.Monitor
+			if md.methods != nil {
+				c := cfg
+				c.Methods = md.methods
+				if m, err = bpfmon.Open(&c); err != nil {
+					return nil, fmt.Errorf("hosttax: attach: %w", err)
+				}
+				if err := m.AddPid(sleeper.Process.Pid); err != nil {
+					m.Close()
+					return nil, fmt.Errorf("hosttax: %w", err)
+				}
+			}
+			getppidLatency(md.smp, budget/time.Duration(rounds), laps/rounds)
+			if m != nil {
+				if err := m.Close(); err != nil {
+					return nil, fmt.Errorf("hosttax: detach: %w", err)
+				}
+			}
+		}
+	}
+	fmt.Fprintf(env.out, "(hosttax/on: the monitor attached by %s)\n", method)
+	var recs []Record
+	for _, m := range modes {
+		rt := m.smp.result()
+		for i := range rt {
+			rt[i] = rt[i] * 2 / getppidBatch // per call, as a round trip
+		}
+		recs = append(recs, env.Report(Result{Case: "hosttax", Transport: m.name, Lat: summarize(rt)})...)
+	}
+	return recs, nil
+}
+
+// getppidBatch calls make one lap of getppidLatency.
+const getppidBatch = 64
+
+// getppidLatency times batches of getppid calls for about budget or laps
+// batches, adding to smp's samples.
+func getppidLatency(smp *sampler, budget time.Duration, laps int) {
+	smp.resume(budget, laps)
+	for {
+		for range getppidBatch {
+			syscall.Getppid()
+		}
+		if !smp.lap() {
+			break
+		}
+	}
 }
 
 // pinEBPF measures what the eBPF monitor costs: a cache hit with its epoch
@@ -208,6 +319,7 @@ func pinRegisterLatency(env *Env, buf []byte, monitor pin.MonitorKind) (*Latency
 		return nil, err
 	}
 	defer c.Close()
+	c.Monitor() // Auto's starts in the background: foreign memory is cached once it runs
 	// Slow (uncached) registrations of large buffers take milliseconds:
 	// fewer samples, same time budget.
 	smp := newSampler(min(env.plan.latMax, 100_000))

@@ -210,6 +210,45 @@ func writeJSON(path string, recs []Record) error {
 // transport, our transport first, and the floors under them: half round
 // trips (median and p99) of small, medium and large messages, streaming
 // bandwidth (median chunk and the range). Nothing without conn records.
+// printSetupSideBySide prints the setup suite's dial+echo+close beside
+// its baselines, and the first dial and accept rates.
+func printSetupSideBySide(w io.Writer, recs []Record) {
+	get := func(cas, transport string, size int, metric string) (float64, bool) {
+		for _, r := range recs {
+			if r.Suite == "setup" && r.Case == cas && r.Transport == transport && r.Size == size && r.Metric == metric {
+				return r.Value, true
+			}
+		}
+		return 0, false
+	}
+	if _, ok := get("dial", "sockets/default", 64, metricLatP50); !ok {
+		return
+	}
+	// The suite's latencies are whole durations, stored as half of twice.
+	us := func(ns float64) string { return f3(ns / 1e3) }
+	fmt.Fprintf(w, "\n--- side by side: setup %s\n", strings.Repeat("-", 61))
+	fmt.Fprintf(w, "%-34s%-22s\n", "dial+echo+close 64 B", "µs p50 (p99)")
+	for _, r := range []struct{ cas, transport, name string }{
+		{"dial", "sockets/default", "sockets (sandirect)"}, {"dial", "unix", "unix"}, {"dial", "tcp", "tcp (net.Dial)"},
+		{"fallback", "sockets/fallback", "sockets.Dial(\"tcp\"), not ours"}, {"firstdial", "sockets/default", "first dial, fresh process"},
+	} {
+		size := 64
+		if r.cas == "firstdial" {
+			size = 0
+		}
+		p50, ok1 := get(r.cas, r.transport, size, metricLatP50)
+		p99, ok2 := get(r.cas, r.transport, size, metricLatP99)
+		if ok1 && ok2 {
+			fmt.Fprintf(w, "%-34s%-22s\n", r.name, us(p50)+" ("+us(p99)+")")
+		}
+	}
+	for _, g := range []string{"sockets/1", "sockets/16"} {
+		if rate, ok := get("accept", g, 64, metricRate); ok {
+			fmt.Fprintf(w, "%-34s%.0f connections/s\n", "accepts, "+strings.TrimPrefix(g, "sockets/")+" dialing goroutines", rate*1e6)
+		}
+	}
+}
+
 func printSideBySide(w io.Writer, recs []Record) {
 	get := func(suite, cas, transport string, size int, metric string) (float64, bool) {
 		for _, r := range recs {

@@ -322,6 +322,18 @@ func (d *Device) Dial(addr string, opts QPOptions) (*QueuePair, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nic: dial %s: %w", addr, err)
 	}
+	return d.DialConn(conn, opts)
+}
+
+// DialConn is Dial over conn, a "unixpacket" connection to a listener that
+// the caller made itself: connecting first tells, before a device exists,
+// whether anyone listens there. DialConn owns conn; it closes it on
+// failure.
+func (d *Device) DialConn(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
+	if err := opts.check(); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	qp, err := d.dial(conn, opts)
 	if err != nil {
 		conn.Close()

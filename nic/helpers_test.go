@@ -35,6 +35,11 @@ func openDevice(t testing.TB, cfg *Config) *Device {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
+	if c := d.Cache(); c != nil {
+		// The monitor starts in the background; tests of what is cached
+		// and of the fds a device holds want it in place.
+		c.Monitor()
+	}
 	return d
 }
 

@@ -94,7 +94,7 @@ func (s *statSource) snapshot(emit func(group, name string, v uint64)) {
 		emitPinStats(emit, s.pinGroup, c.Stats())
 		// Which monitor keeps the cache honest, as a name: a table holds
 		// numbers only.
-		emit(s.pinGroup, "monitor_"+c.Monitor().Kind.String(), 1)
+		emit(s.pinGroup, "monitor_"+c.CurrentMonitor().Kind.String(), 1)
 	}
 	for i := range s.qps {
 		q := &s.qps[i]

@@ -21,6 +21,10 @@ type Cache struct {
 	ctr    counters
 	done   chan struct{} // closed by Close: stops the drain goroutine
 	wg     sync.WaitGroup
+	// monReady is closed when the monitor is chosen: at once for a kind
+	// named in the Config, after the background start for MonitorAuto
+	// (startAuto). mon, epoch and report change until then, under mu.
+	monReady chan struct{}
 
 	// mu guards every field below and every entry's fields (but invalid).
 	// Lock order: mu, then ownedMu (read). Hooks run under mu. No goroutine
@@ -51,24 +55,39 @@ func New(cfg *Config) (*Cache, error) {
 	c := &Cache{cfg: c0, hooks: c0.Hooks, done: make(chan struct{})}
 	c.lru.init()
 	c.others.init()
-	var err error
-	c.mon, c.report, err = startMonitor(c0.Monitor, c0.MaxBacklog)
-	if err != nil {
-		return nil, err
-	}
-	c.epoch = c.mon.epoch()
-	c.pins.unwatch = c.mon.unwatch
-	if n := c.mon.notify(); n != nil {
-		c.wg.Add(1)
-		go c.drainLoop(n)
+	c.pins.unwatch = c.unwatchFree
+	c.monReady = make(chan struct{})
+	if c0.Monitor == MonitorAuto {
+		c.startAuto()
+	} else {
+		m, rep, err := startMonitor(c0.Monitor, c0.MaxBacklog)
+		if err != nil {
+			return nil, err
+		}
+		c.mu.Lock()
+		c.adoptLocked(m, rep)
+		c.mu.Unlock()
+		close(c.monReady)
 	}
 	registerCache(c)
 	return c, nil
 }
 
 // Monitor tells which monitor watches foreign memory and why the better
-// ones do not.
-func (c *Cache) Monitor() MonitorReport { return c.report }
+// ones do not. With MonitorAuto it waits for the monitor's background
+// start to finish (see startAuto); CurrentMonitor does not.
+func (c *Cache) Monitor() MonitorReport {
+	<-c.monReady
+	return c.CurrentMonitor()
+}
+
+// CurrentMonitor is Monitor without the wait: while MonitorAuto's monitor
+// is starting it reports MonitorOwned with Starting set.
+func (c *Cache) CurrentMonitor() MonitorReport {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.report
+}
 
 // Config returns the configuration in force, defaults filled in.
 func (c *Cache) Config() Config { return c.cfg }
@@ -254,9 +273,12 @@ func (c *Cache) missLocked(owner Owner, buf []byte, addr, end uintptr, access Ac
 	}
 	e := c.newEntryLocked(owner, buf, s, access, olds)
 	if err := c.registerNewLocked(e); err != nil {
-		c.pins.unpin(s, nil)
 		c.restoreLocked(req, olds, cacheable)
+		c.pins.unpin(s, nil)
 		return nil, err
+	}
+	if cacheable && !c.watchMergedLocked(span{e.lo, e.hi}) {
+		cacheable = false
 	}
 	c.installLocked(e, olds, cacheable)
 	return e, nil
@@ -287,15 +309,17 @@ func (c *Cache) takeOverlapsLocked(s span, access Access) (span, Access, []*entr
 // pages of req that nothing pins (cacheableLocked began to), and puts the
 // entries of takeOverlapsLocked back.
 func (c *Cache) restoreLocked(req span, olds []*entry, cacheable bool) {
-	if cacheable {
-		for _, g := range c.pins.unpinned(req) {
-			c.mon.unwatch(g.lo, g.len())
-		}
-	}
+	// The entries go back before the pages are unwatched: a granule they
+	// lie in must stay watched (unwatchFree).
 	for _, o := range olds {
 		c.idx.insert(o)
 		if o.refs == 0 {
 			c.lru.pushFront(o)
+		}
+	}
+	if cacheable {
+		for _, g := range c.pins.unpinned(req) {
+			c.unwatchFree(g.lo, g.len())
 		}
 	}
 }
@@ -345,6 +369,9 @@ func (c *Cache) registerNewLocked(e *entry) error {
 // keep them until their last Deregister.
 func (c *Cache) installLocked(e *entry, olds []*entry, cacheable bool) {
 	c.nEntries++
+	if cacheable && !c.watchMergedLocked(span{e.lo, e.hi}) {
+		cacheable = false
+	}
 	if cacheable {
 		e.state = stateCached
 		c.idx.insert(e)
@@ -650,6 +677,7 @@ func (c *Cache) Close() error {
 	unregisterCache(c)
 	close(c.done)
 	c.wg.Wait()
+	<-c.monReady // a background start closes what it started once it sees closed
 	return c.mon.close()
 }
 

@@ -23,6 +23,9 @@ type ebpfMon struct {
 	stop  chan struct{}
 	done  chan struct{}
 	pages uintptr
+	// set holds the watched granules (see granular); guarded by the
+	// Cache's mu, under which watch and unwatch are called.
+	set map[uint64]struct{}
 }
 
 // ebpfRingSize overrides the probes' ring buffer size (tests force an
@@ -49,6 +52,7 @@ func startEBPF(int) (monitor, error) {
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
 		pages: uintptr(sys.PageSize),
+		set:   map[uint64]struct{}{},
 	}
 	go e.watchRing()
 	return e, nil
@@ -87,9 +91,49 @@ func (e *ebpfMon) watchRing() {
 
 func (*ebpfMon) kind() MonitorKind { return MonitorEBPF }
 
-func (e *ebpfMon) watch(s span) error { return e.m.Watch(s.lo, s.hi-s.lo) }
+func (*ebpfMon) granule() uintptr { return 1 << bpfmon.GranuleShift }
 
-func (e *ebpfMon) unwatch(addr, length uintptr) { e.m.Unwatch(addr, length) }
+func (e *ebpfMon) attach() string { return string(e.m.Method()) }
+
+// watch sets the granules of s that are not set yet; on failure it clears
+// those it set.
+func (e *ebpfMon) watch(s span) error {
+	if s.hi <= s.lo {
+		return nil
+	}
+	var fresh []uint64
+	for g := uint64(s.lo) >> bpfmon.GranuleShift; g <= uint64(s.hi-1)>>bpfmon.GranuleShift; g++ {
+		if _, ok := e.set[g]; ok {
+			continue
+		}
+		if err := e.m.Watch(uintptr(g<<bpfmon.GranuleShift), 1<<bpfmon.GranuleShift); err != nil {
+			for _, h := range fresh {
+				e.clear(h)
+			}
+			return err
+		}
+		e.set[g] = struct{}{}
+		fresh = append(fresh, g)
+	}
+	return nil
+}
+
+// unwatch clears the granules that [addr, addr+length) touches.
+func (e *ebpfMon) unwatch(addr, length uintptr) {
+	if length == 0 || addr+length < addr {
+		return
+	}
+	for g := uint64(addr) >> bpfmon.GranuleShift; g <= uint64(addr+length-1)>>bpfmon.GranuleShift; g++ {
+		e.clear(g)
+	}
+}
+
+func (e *ebpfMon) clear(g uint64) {
+	if _, ok := e.set[g]; ok {
+		delete(e.set, g)
+		e.m.Unwatch(uintptr(g<<bpfmon.GranuleShift), 1<<bpfmon.GranuleShift)
+	}
+}
 
 func (e *ebpfMon) epoch() *atomic.Uint64 { return e.ep }
 

@@ -222,6 +222,11 @@ func TestMonitorChoice(t *testing.T) {
 		if rep.Kind != MonitorEBPF || len(rep.Skipped) != 0 {
 			t.Errorf("eBPF loads here but auto picked %v", rep)
 		}
+		// The per-call tracepoints first: they cost the host nothing for
+		// the system calls we do not watch.
+		if rep.Attach != string(probe.Method()) {
+			t.Errorf("auto attached by %q; bpfmon's default picks %q", rep.Attach, probe.Method())
+		}
 		c, err := New(&Config{Monitor: MonitorEBPF})
 		if err != nil {
 			t.Fatalf("explicit ebpf: %v", err)

@@ -376,6 +376,9 @@ func TestStaleHitRace(t *testing.T) {
 	}{
 		{"userfaultfd", foreignMonitor, false},
 		{"ebpf", ebpfMonitor, false},
+		// Auto starts its monitor in the background: the first iterations
+		// run before it is attached, with foreign memory uncached.
+		{"auto", func(testing.TB) *Config { return nil }, false},
 		{"owned", func(testing.TB) *Config { return &Config{Monitor: MonitorOwned} }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -501,7 +504,12 @@ func TestStaleHitRace(t *testing.T) {
 // it. The eBPF probe publishes before munmap acts, so the second goroutine
 // must miss every time.
 func TestStaleHitCrossThread(t *testing.T) {
-	c := newCache(t, ebpfMonitor(t))
+	t.Run("ebpf", func(t *testing.T) { staleHitCrossThread(t, newCache(t, ebpfMonitor(t))) })
+	// From New on, through the background start of the monitor.
+	t.Run("auto", func(t *testing.T) { staleHitCrossThread(t, newCache(t, nil)) })
+}
+
+func staleHitCrossThread(t *testing.T, c *Cache) {
 	total := 100_000
 	if testing.Short() {
 		total = 10_000

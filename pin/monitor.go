@@ -49,6 +49,15 @@ func (k MonitorKind) String() string {
 type MonitorReport struct {
 	Kind    MonitorKind   // the monitor that runs (never MonitorAuto)
 	Skipped []MonitorSkip // the better ones, in order, with the reason
+	// Starting says that MonitorAuto's choice is still starting in the
+	// background; meanwhile Kind is MonitorOwned (see Cache.CurrentMonitor).
+	Starting bool
+	// Attach says how the eBPF monitor's probes are attached: "tracepoint"
+	// (syscalls/sys_enter_munmap and its siblings: nothing runs for the
+	// other system calls of the host), "tp_btf" or "raw_tracepoint" (one
+	// program at every system call of the host), "kprobe". Empty for the
+	// other monitors.
+	Attach string
 }
 
 // MonitorSkip is a monitor that could not run, and why; Err matches
@@ -61,6 +70,12 @@ type MonitorSkip struct {
 func (r MonitorReport) String() string {
 	var b strings.Builder
 	b.WriteString(r.Kind.String())
+	if r.Attach != "" {
+		fmt.Fprintf(&b, " (%s)", r.Attach)
+	}
+	if r.Starting {
+		b.WriteString(" (the best monitor still starting)")
+	}
 	for _, s := range r.Skipped {
 		fmt.Fprintf(&b, "; %s: %v", s.Kind, s.Err)
 	}
@@ -135,6 +150,9 @@ func startMonitor(kind MonitorKind, backlog int) (monitor, MonitorReport, error)
 		m, err := c.start(backlog)
 		if err == nil {
 			rep.Kind = c.k
+			if a, ok := m.(interface{ attach() string }); ok {
+				rep.Attach = a.attach()
+			}
 			return m, rep, nil
 		}
 		if kind != MonitorAuto {
@@ -143,4 +161,87 @@ func startMonitor(kind MonitorKind, backlog int) (monitor, MonitorReport, error)
 		rep.Skipped = append(rep.Skipped, MonitorSkip{c.k, err})
 	}
 	return nil, rep, fmt.Errorf("no monitor can run")
+}
+
+// startAuto starts MonitorAuto's choice in the background: loading and
+// attaching the eBPF probes takes tens of milliseconds, which a first
+// connection should not wait for. Until the monitor is adopted the cache
+// runs as MonitorOwned: memory from Alloc is cached, foreign memory is
+// registered uncached, so no stale hit is possible in the window.
+func (c *Cache) startAuto() {
+	c.mon = static{MonitorOwned}
+	c.epoch = c.mon.epoch()
+	c.report = MonitorReport{Kind: MonitorOwned, Starting: true}
+	go func() {
+		defer close(c.monReady)
+		m, rep, err := startMonitor(MonitorAuto, c.cfg.MaxBacklog)
+		if err != nil { // Owned and None always start: not reached
+			return
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.closed {
+			m.close()
+			return
+		}
+		c.adoptLocked(m, rep)
+	}()
+}
+
+// adoptLocked makes m the cache's monitor. Nothing foreign is cached yet
+// (the placeholder watches nothing); the events m reported since it
+// attached are drained, so that the epoch applied is m's from now on.
+func (c *Cache) adoptLocked(m monitor, rep MonitorReport) {
+	c.mon, c.report = m, rep
+	c.epoch = m.epoch()
+	c.applied = 0
+	if n := m.notify(); n != nil {
+		c.wg.Add(1) // before Close's Wait: Close sets closed under mu first
+		go c.drainLoop(n)
+	}
+	if c.epoch.Load() != c.applied {
+		c.drainLocked()
+	}
+}
+
+// granular is a monitor that watches whole granules of address space
+// rather than the ranges it is given (eBPF: 2 MiB). Its watch sets every
+// granule a range touches and its unwatch clears them: not counts, since
+// the pages unpinned together rarely match the ranges watched together.
+type granular interface {
+	granule() uintptr
+}
+
+// unwatchFree is the pin table's unwatch: [addr, addr+length) is no longer
+// pinned. A granular monitor keeps watching every granule that a cached
+// entry still touches; the others are cleared. The caller holds mu.
+func (c *Cache) unwatchFree(addr, length uintptr) {
+	g, ok := c.mon.(granular)
+	if !ok {
+		c.mon.unwatch(addr, length)
+		return
+	}
+	size := g.granule()
+	end := addr + length
+	if end < addr {
+		end = ^uintptr(0)
+	}
+	for a := addr &^ (size - 1); a < end && a+size > a; a += size {
+		if i, j := c.idx.overlapping(a, a+size); i < j {
+			continue // a cached entry relies on it
+		}
+		c.mon.unwatch(a, size)
+	}
+}
+
+// watchMergedLocked makes sure every granule of s, a new cached entry's
+// span, is watched as the entry enters the index: a merge widens the
+// span beyond the range watched at the miss, and an eviction while
+// pinning may have cleared a granule of a merged entry. Monitors that
+// watch exact ranges need nothing more. It tells whether s is watched.
+func (c *Cache) watchMergedLocked(s span) bool {
+	if _, ok := c.mon.(granular); !ok || isOwned(s) {
+		return true
+	}
+	return c.mon.watch(s) == nil
 }

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/sandirect/sandirect/nic"
 	"github.com/sandirect/sandirect/pin"
@@ -29,7 +31,9 @@ type device struct {
 	key devKey
 	nic *nic.Device
 
-	refs int // guarded by devices.mu
+	refs   int         // guarded by devices.mu
+	idle   *time.Timer // closes the device deviceLinger after refs reached 0; guarded by devices.mu
+	closed bool        // left devices.m for good; guarded by devices.mu
 
 	mu        sync.Mutex // guards free, slabs, allocated; after Conn.mu
 	free      [tempClasses][][]byte
@@ -51,6 +55,16 @@ var devices struct {
 	m  map[devKey]*device
 }
 
+// deviceLinger is how long a device stays open once no connection or
+// listener holds it: a process that dials per request, or a pool that
+// reconnects, reuses it instead of paying for a new one (registration
+// table, control pools, the registration monitor) each time.
+var deviceLinger = time.Second
+
+// devicesOpened counts the nic devices this process has opened: a dial
+// that finds no listener of ours must open none.
+var devicesOpened atomic.Uint64
+
 func acquireDevice(cfg *Config) (*device, error) {
 	key := devKey{
 		noRead:     cfg.NoRDMARead,
@@ -62,7 +76,7 @@ func acquireDevice(cfg *Config) (*device, error) {
 	devices.mu.Lock()
 	defer devices.mu.Unlock()
 	if d := devices.m[key]; d != nil {
-		d.refs++
+		d.holdLocked()
 		return d, nil
 	}
 	nc := nic.DefaultConfig()
@@ -84,6 +98,7 @@ func acquireDevice(cfg *Config) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sockets: open device: %w", err)
 	}
+	devicesOpened.Add(1)
 	d := &device{key: key, nic: nd, refs: 1}
 	if devices.m == nil {
 		devices.m = map[devKey]*device{}
@@ -96,34 +111,75 @@ func acquireDevice(cfg *Config) (*device, error) {
 // hold takes one more reference on d.
 func (d *device) hold() {
 	devices.mu.Lock()
-	d.refs++
+	d.holdLocked()
 	devices.mu.Unlock()
 }
 
-// tryHold takes one more reference on d unless the last one is gone (the
-// device is closed or closing).
+func (d *device) holdLocked() {
+	d.refs++
+	if d.idle != nil {
+		d.idle.Stop() // a stale firing finds refs > 0 and does nothing
+		d.idle = nil
+	}
+}
+
+// tryHold takes one more reference on d unless it is closed or closing.
 func (d *device) tryHold() bool {
 	devices.mu.Lock()
 	defer devices.mu.Unlock()
-	if d.refs == 0 {
+	if d.closed {
 		return false
 	}
-	d.refs++
+	d.holdLocked()
 	return true
 }
 
-// release drops a reference; the last one closes the device.
+// release drops a reference; deviceLinger after the last one the device
+// closes, unless it was taken again meanwhile.
 func (d *device) release() {
 	devices.mu.Lock()
+	defer devices.mu.Unlock()
 	d.refs--
-	last := d.refs == 0
-	if last {
-		delete(devices.m, d.key)
-	}
-	devices.mu.Unlock()
-	if !last {
+	if d.refs > 0 {
 		return
 	}
+	var t *time.Timer
+	t = time.AfterFunc(deviceLinger, func() {
+		devices.mu.Lock()
+		if d.refs > 0 || d.idle != t || d.closed {
+			devices.mu.Unlock()
+			return
+		}
+		d.closed = true
+		delete(devices.m, d.key)
+		devices.mu.Unlock()
+		d.close()
+	})
+	d.idle = t
+}
+
+// closeIdleDevices closes at once every device that no connection or
+// listener holds, instead of after deviceLinger, and returns how many.
+func closeIdleDevices() int {
+	devices.mu.Lock()
+	var idle []*device
+	for k, d := range devices.m {
+		if d.refs == 0 {
+			d.idle.Stop()
+			d.idle, d.closed = nil, true
+			delete(devices.m, k)
+			idle = append(idle, d)
+		}
+	}
+	devices.mu.Unlock()
+	for _, d := range idle {
+		d.close()
+	}
+	return len(idle)
+}
+
+// close releases what the device holds; it has left devices.m.
+func (d *device) close() {
 	d.mu.Lock()
 	for _, b := range d.slabs {
 		d.nic.Free(b)

@@ -2,8 +2,11 @@ package sockets
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandirect/sandirect/nic"
@@ -53,21 +56,39 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	case "tcp", "tcp4", "tcp6":
 		if !cfg.ForceTCP {
 			if ta, ok := localTarget(ctx, network, address); ok {
-				laddr := &net.TCPAddr{IP: ta.IP}
-				if ta.IP.IsUnspecified() {
-					laddr.IP = net.IPv4(127, 0, 0, 1)
-				}
-				c, err := dialSHM(ctx, cfg, tcpName(ta.Port), network, laddr, ta)
-				if err == nil {
+				if c := dialLocalTCP(ctx, cfg, network, ta); c != nil {
 					return c, nil
 				}
-				// No listener of ours there, or it failed: plain TCP.
 			}
 		}
 		var nd net.Dialer
 		return nd.DialContext(ctx, network, address)
 	}
 	return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("%w %q", ErrUnknownNetwork, network)}
+}
+
+// dialLocalTCP tries a shared-memory connection to the listener of ours
+// on port ta.Port of this host, and returns nil when there is none or it
+// fails: the caller dials plain TCP. A name found without a listener is
+// remembered for noListenerTTL, so that a retry loop against a plain TCP
+// service does not probe each time.
+func dialLocalTCP(ctx context.Context, cfg Config, network string, ta *net.TCPAddr) *Conn {
+	name := tcpName(ta.Port)
+	if noListener.known(name) {
+		return nil
+	}
+	laddr := &net.TCPAddr{IP: ta.IP}
+	if ta.IP.IsUnspecified() {
+		laddr.IP = net.IPv4(127, 0, 0, 1)
+	}
+	c, err := dialSHM(ctx, cfg, name, network, laddr, ta)
+	if err != nil {
+		if isNoListener(err) {
+			noListener.add(name)
+		}
+		return nil
+	}
+	return c
 }
 
 func dialSHM(ctx context.Context, cfg Config, name, netw string, laddr, raddr net.Addr) (*Conn, error) {
@@ -78,15 +99,87 @@ func dialSHM(ctx context.Context, cfg Config, name, netw string, laddr, raddr ne
 			cfg.HandshakeTimeout = t
 		}
 	}
+	// Connect before anything else exists: with nobody listening the dial
+	// costs a socket and a refused connect, not a device.
+	var ud net.Dialer
+	uc, err := ud.DialContext(ctx, "unixpacket", name)
+	if err != nil {
+		return nil, fmt.Errorf("sockets: connect %s: %w", name, err)
+	}
 	d, err := acquireDevice(&cfg)
 	if err != nil {
+		uc.Close()
 		return nil, err
 	}
 	cq := d.nic.NewCQ()
-	qp, err := d.nic.Dial(name, nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: cfg.HandshakeTimeout})
+	qp, err := d.nic.DialConn(uc.(*net.UnixConn), nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: cfg.HandshakeTimeout})
 	if err != nil {
 		d.release()
 		return nil, err
 	}
 	return newConn(d, qp, cq, cfg, true, netw, laddr, raddr)
+}
+
+// isNoListener tells whether a connect failed because nothing listens on
+// the name: it does not exist, or nobody accepts on it.
+func isNoListener(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
+}
+
+// noListenerTTL is how long a name found without a listener is believed
+// to stay so: a listener that starts within it gets plain TCP dials
+// meanwhile, which it accepts too.
+const noListenerTTL = time.Second
+
+// noListener remembers names found without a listener.
+var noListener = negativeCache{ttl: noListenerTTL}
+
+// negativeCache is a set of names with an expiry each. Safe for
+// concurrent use.
+type negativeCache struct {
+	ttl time.Duration
+	mu  sync.Mutex           // guards m
+	m   map[string]time.Time // name → when the answer expires
+}
+
+// negativeCacheMax bounds the names remembered; past it the expired ones
+// go, and if none has, all of them.
+const negativeCacheMax = 4096
+
+func (n *negativeCache) known(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	exp, ok := n.m[name]
+	if ok && time.Now().After(exp) {
+		delete(n.m, name)
+		return false
+	}
+	return ok
+}
+
+func (n *negativeCache) add(name string) {
+	now := time.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil {
+		n.m = map[string]time.Time{}
+	}
+	if len(n.m) >= negativeCacheMax {
+		for k, exp := range n.m {
+			if now.After(exp) {
+				delete(n.m, k)
+			}
+		}
+		if len(n.m) >= negativeCacheMax {
+			clear(n.m)
+		}
+	}
+	n.m[name] = now.Add(n.ttl)
+}
+
+// forget drops name: a listener of ours now listens there.
+func (n *negativeCache) forget(name string) {
+	n.mu.Lock()
+	delete(n.m, name)
+	n.mu.Unlock()
 }

@@ -56,7 +56,14 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 			return fail(err)
 		}
 	}
+	spinEnd := time.Now().Add(handshakeSpin)
 	for !c.helloDone && c.err == nil && !c.qpDead {
+		if time.Now().Before(spinEnd) {
+			c.mu.Unlock()
+			c.spinHandshake(spinEnd)
+			c.mu.Lock()
+			continue
+		}
 		// Nap, do not sleep: a peer that refuses us hangs up at once
 		// (see napCQ).
 		gen := c.rounds
@@ -80,4 +87,37 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		return fail(err)
 	}
 	return c, nil
+}
+
+// handshakeSpin is how long the handshake polls for the peer's hello
+// before it naps: the hello is usually a few tens of microseconds away,
+// and a nap is a timer, which the Go runtime rounds up to hundreds of
+// microseconds (napCQ's first nap of 1 µs took 425 µs on average here).
+const handshakeSpin = 300 * time.Microsecond
+
+// spinHandshake polls the completion queue until something comes or end
+// passes, and dispatches what came, as a round of progressMode would.
+func (c *Conn) spinHandshake(end time.Time) {
+	c.mu.Lock()
+	if c.polling || c.torn {
+		c.mu.Unlock()
+		return
+	}
+	c.polling = true
+	c.interesting = false
+	c.repostLocked()
+	c.mu.Unlock()
+	n := 0
+	for i := 1; ; i++ {
+		if n = c.cq.Poll(c.comps[:]); n > 0 {
+			break
+		}
+		if i%16 == 0 && time.Now().After(end) { // a poll is ~25 ns
+			break
+		}
+	}
+	c.mu.Lock()
+	c.dispatchPolledLocked(n)
+	c.endPollLocked()
+	c.mu.Unlock()
 }

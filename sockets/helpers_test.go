@@ -48,6 +48,10 @@ func pipe(t testing.TB, dialCfg, listenCfg *Config) (client, server net.Conn) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("accept timed out")
 	}
+	// The devices' monitors start in the background; tests of what is
+	// cached want them in place.
+	waitMonitor(client)
+	waitMonitor(server)
 	t.Cleanup(func() {
 		client.Close()
 		server.Close()
@@ -68,5 +72,15 @@ func waitTorn(t testing.TB, c net.Conn) {
 	case <-sc.tornDown:
 	case <-time.After(10 * time.Second):
 		t.Errorf("connection %v not torn down after 10 s", sc.LocalAddr())
+	}
+}
+
+// waitMonitor waits until the registration monitor of c's device has
+// started.
+func waitMonitor(c net.Conn) {
+	if sc, ok := c.(*Conn); ok {
+		if pc := sc.dev.nic.Cache(); pc != nil {
+			pc.Monitor()
+		}
 	}
 }

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandirect/sandirect/nic"
@@ -52,18 +55,11 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		l.tl = tl
 		l.addr = tl.Addr()
 		name = tcpName(tl.Addr().(*net.TCPAddr).Port)
+		noListener.forget(name) // dialers of this process find us at once
 	default:
 		return nil, &net.OpError{Op: "listen", Net: network, Err: fmt.Errorf("%w %q", ErrUnknownNetwork, network)}
 	}
-	d, err := acquireDevice(&cfg)
-	if err == nil {
-		l.dev = d
-		l.nl, err = d.nic.Listen(name)
-		if err != nil {
-			d.release()
-			l.dev = nil
-		}
-	}
+	err = l.listenSHM(name)
 	if err != nil {
 		if l.tl == nil {
 			return nil, &net.OpError{Op: "listen", Net: network, Addr: l.addr, Err: err}
@@ -79,6 +75,82 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		go l.acceptTCP()
 	}
 	return l, nil
+}
+
+// listenSHM opens the device and listens on the connection manager's
+// name. A path whose socket file was left by a listener that died (killed
+// by a signal, it could not unlink it) is taken over: see clearStale.
+func (l *Listener) listenSHM(name string) error {
+	unlock := lockDir(name)
+	defer unlock()
+	if err := clearStale(name); err != nil {
+		return err
+	}
+	d, err := acquireDevice(&l.cfg)
+	if err != nil {
+		return err
+	}
+	l.nl, err = d.nic.Listen(name)
+	if err != nil {
+		d.release()
+		return err
+	}
+	l.dev = d
+	return nil
+}
+
+// isPath tells whether a connection manager name is a file system path
+// rather than an abstract name.
+func isPath(name string) bool { return name != "" && name[0] != '@' }
+
+// lockDir takes an exclusive flock on the directory of the path name, so
+// that listeners of this package that start together on one stale path do
+// not unlink each other's fresh socket; it returns the unlock. Without the
+// lock (an abstract name, a directory we cannot open) it does nothing.
+func lockDir(name string) (unlock func()) {
+	nothing := func() {}
+	if !isPath(name) {
+		return nothing
+	}
+	dir, err := os.Open(filepath.Dir(name))
+	if err != nil {
+		return nothing
+	}
+	if err := syscall.Flock(int(dir.Fd()), syscall.LOCK_EX); err != nil {
+		dir.Close()
+		return nothing
+	}
+	return func() { dir.Close() } // closing the only fd releases the lock
+}
+
+// clearStale unlinks the socket file at path when nobody listens on it:
+// a connect is refused. A live listener (the connect succeeds, or finds a
+// socket of another type) and anything but a socket are left alone, and
+// the bind that follows fails with EADDRINUSE. The caller holds lockDir.
+func clearStale(path string) error {
+	if !isPath(path) {
+		return nil
+	}
+	before, err := os.Lstat(path)
+	if err != nil || before.Mode()&os.ModeSocket == 0 {
+		return nil // nothing there, or not ours to remove: bind says why
+	}
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err == nil {
+		c.Close() // someone listens: never steal the name
+		return nil
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return nil
+	}
+	// Still the file we probed, not one a listener made meanwhile.
+	if now, err := os.Lstat(path); err != nil || !os.SameFile(before, now) {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("sockets: remove stale socket %s: %w", path, err)
+	}
+	return nil
 }
 
 // Listener accepts shared-memory connections, and TCP ones for a "tcp"

@@ -9,7 +9,7 @@ import (
 // Method is a way of attaching the probes.
 type Method string
 
-// The attach methods, in the order Open tries them by default.
+// The attach methods.
 const (
 	TpBtf         Method = "tp_btf"         // tp_btf/sys_enter: BTF-typed raw tracepoint, one program
 	RawTracepoint Method = "raw_tracepoint" // raw_tracepoint/sys_enter, one program
@@ -17,8 +17,13 @@ const (
 	Kprobe        Method = "kprobe"         // kprobes on __x64_sys_*, one per call
 )
 
-// Methods returns every attach method in the default order.
-func Methods() []Method { return []Method{TpBtf, RawTracepoint, Tracepoint, Kprobe} }
+// Methods returns every attach method in the default order: first those
+// that cost the rest of the host least (see the package documentation) —
+// kprobes on the six calls, which nothing else pays for, then the
+// per-call tracepoints, whose programs run only for the calls we watch —
+// and last the generic sys_enter ones, whose program runs at every system
+// call of every process on the host.
+func Methods() []Method { return []Method{Kprobe, Tracepoint, TpBtf, RawTracepoint} }
 
 // Config configures Open. The zero Config means the defaults.
 type Config struct {

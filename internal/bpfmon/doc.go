@@ -59,20 +59,28 @@
 // # Attach methods
 //
 // Open tries, in Config.Methods order (default: all, in this order):
-// tp_btf/sys_enter and raw_tracepoint/sys_enter (one program for every system
-// call of the machine, dispatching on the call number; no tracefs), the
-// syscalls/sys_enter_* tracepoints (tracefs, mounted at /sys/kernel/tracing
-// when the process is root and it is absent), and kprobes on the
-// __x64_sys_* wrappers. Method tells which one runs and Reasons why the
-// others before it did not.
+// kprobes on the __x64_sys_* wrappers, the syscalls/sys_enter_*
+// tracepoints (one program per watched call; tracefs, mounted at
+// /sys/kernel/tracing when the process is root and it is absent), and
+// tp_btf/sys_enter and raw_tracepoint/sys_enter (one program for every
+// system call of the machine, dispatching on the call number; no
+// tracefs). Method tells which one runs and Reasons why the others before
+// it did not.
 //
-// What each costs beyond the reported calls: the one-program methods run
-// (and return after one compare) at every system call of the machine; the
-// syscall tracepoints put every task on the kernel's slower traced syscall
-// path; kprobes cost only the six calls. A program run's cost is mostly
-// the process lookup and the register read (BenchmarkProgram;
-// docs/performance.md). When none can, Open fails with an error that
-// matches ErrNotSupported (internal/feature) and names what is missing.
+// What each costs the rest of the host, beyond the reported calls:
+// kprobes cost only the six calls. Any tracepoint puts every task on the
+// kernel's traced system call path while attached; with the per-call
+// tracepoints the kernel then checks one bit for a call we do not watch
+// and runs nothing, while the one-program methods run the program (and
+// return after one compare) at every system call of the machine. A
+// program run's cost is mostly the process lookup and the register read
+// (BenchmarkProgram; docs/performance.md). The bench pin suite's hosttax
+// rows measure an unrelated process's getppid with and without a monitor
+// attached. When none can attach, Open fails with an error that matches
+// ErrNotSupported (internal/feature) and names what is missing.
+//
+// Detaching a tracepoint waits for the kernel's RCU grace periods, tens
+// of milliseconds per link: Close detaches the links concurrently.
 //
 // Requirements: x86_64, Linux 5.12 (ring buffers, fetching atomics), kernel
 // BTF (CO-RE for brk; tp_btf), and CAP_BPF with CAP_PERFMON, or

@@ -619,10 +619,18 @@ func (m *Monitor) Close() error {
 // closeAll releases everything; with Close's lock held, or on a Monitor
 // that Open has not returned.
 func (m *Monitor) closeAll() error {
-	var errs []error
-	for _, l := range m.links {
-		errs = append(errs, l.Close())
+	// One goroutine a link: each close waits for RCU grace periods (15-70
+	// ms a tracepoint link here), and the waits overlap.
+	errs := make([]error, len(m.links)+2)
+	var wg sync.WaitGroup
+	for i, l := range m.links {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = l.Close()
+		}()
 	}
+	wg.Wait()
 	m.links = nil
 	if m.waitFile != nil {
 		m.waitFile.Close()
@@ -631,7 +639,7 @@ func (m *Monitor) closeAll() error {
 		m.ring.close()
 	}
 	if m.statePage != nil {
-		errs = append(errs, m.retireState())
+		errs[len(errs)-1] = m.retireState()
 	}
 	(&mapObjs{m.events, m.state, m.pids, m.granules}).close()
 	return errors.Join(errs...)

@@ -76,6 +76,10 @@ func childWorkload([]string) error {
 		return err
 	}
 	defer b.Close()
+	// The registration monitors start in the background: the rounds'
+	// munmaps must find them attached.
+	a.Cache().Monitor()
+	b.Cache().Monitor()
 	ln, err := b.Listen(fmt.Sprintf("@sdtrace-test-%d", os.Getpid()))
 	if err != nil {
 		return err

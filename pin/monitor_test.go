@@ -1,0 +1,160 @@
+package pin
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+func (c *Cache) monitorReady() bool {
+	select {
+	case <-c.monReady:
+		return true
+	default:
+		return false
+	}
+}
+
+// TestStaleHitAutoWindow runs registrations of foreign memory from the
+// moment New returns, while MonitorAuto's monitor starts in the
+// background, and on after it is adopted. Before it is adopted foreign
+// memory must not be cached at all (a second Register of unchanged memory
+// misses); after, it must be (a hit), and at no time may memory that was
+// unmapped and mapped again be served by its old entry.
+func TestStaleHitAutoWindow(t *testing.T) {
+	c := newCache(t, nil)
+	if c.monitorReady() {
+		t.Fatal("MonitorAuto's monitor ready as New returns: the start is not in the background")
+	}
+	const goroutines = 2
+	const after = 2000 // iterations each once the monitor is adopted
+	var inWindow, cachedInWindow, stale, afterHits atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		at := uintptr(0x30_0000_0000) + uintptr(g)<<21
+		p, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
+		if err != nil {
+			t.Fatalf("mmap at %#x: %v", at, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer sys.MunmapRange(at, page)
+			b := sys.Bytes(p, page)
+			for n := 0; n < after; {
+				readyBefore := c.monitorReady()
+				h1, err := c.Register(b, 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				c.Deregister(h1)
+				h2, err := c.Register(b, 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				c.Deregister(h2)
+				hit := h2.entryID() == h1.entryID()
+				switch {
+				case !c.monitorReady():
+					inWindow.Add(1)
+					if hit {
+						cachedInWindow.Add(1)
+					}
+				case readyBefore:
+					n++
+					if hit {
+						afterHits.Add(1)
+					}
+				}
+				if err := sys.MunmapRange(at, page); err != nil {
+					t.Error(err)
+					return
+				}
+				q, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
+				if err != nil {
+					t.Errorf("mmap at %#x again: %v", at, err)
+					return
+				}
+				b = sys.Bytes(q, page)
+				h3, err := c.Register(b, 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if h3.entryID() == h2.entryID() {
+					stale.Add(1)
+				}
+				c.Deregister(h3)
+			}
+		}()
+	}
+	wg.Wait()
+	rep := c.Monitor()
+	t.Logf("monitor %v; %d iterations before it was adopted, %d hits in %d after", rep, inWindow.Load(), afterHits.Load(), goroutines*after)
+	if stale.Load() != 0 {
+		t.Errorf("%d stale hits", stale.Load())
+	}
+	if cachedInWindow.Load() != 0 {
+		t.Errorf("%d of %d registrations of foreign memory cached before the monitor was adopted", cachedInWindow.Load(), inWindow.Load())
+	}
+	if rep.Kind == MonitorEBPF || rep.Kind == MonitorUserfaultfd {
+		if inWindow.Load() == 0 {
+			t.Errorf("no iteration ran before the %v monitor was adopted", rep.Kind)
+		}
+		if afterHits.Load() == 0 {
+			t.Errorf("foreign memory never cached after the %v monitor was adopted", rep.Kind)
+		}
+	}
+}
+
+// TestCloseDuringBackgroundStart: Close while MonitorAuto's monitor is
+// still starting waits for it and releases it (the leak check of TestMain
+// sees its fds otherwise).
+func TestCloseDuringBackgroundStart(t *testing.T) {
+	for range 3 {
+		c, err := New(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if !c.monitorReady() {
+			t.Fatal("Close returned before the background start finished")
+		}
+	}
+}
+
+// TestUncachedReleaseKeepsGranuleWatched: a foreign registration made
+// before the monitor was adopted is uncached; when it is released after a
+// cached entry has come into the same 2 MiB granule, the granule must stay
+// watched, or the cached entry would survive its munmap.
+func TestUncachedReleaseKeepsGranuleWatched(t *testing.T) {
+	c := newCache(t, nil)
+	base := uintptr(0x40_0000_0000)
+	if _, err := sys.MmapAnon(base, 8*page, sys.MapFixedNoreplace); err != nil {
+		t.Fatalf("mmap at %#x: %v", base, err)
+	}
+	defer sys.MunmapRange(base, 8*page)
+	u := register(t, c, sys.Bytes(base, page), 0)
+	if c.monitorReady() {
+		deregister(t, c, u)
+		t.Skip("the monitor was adopted before the first registration")
+	}
+	if rep := c.Monitor(); rep.Kind != MonitorEBPF {
+		deregister(t, c, u)
+		t.Skipf("monitor %v: the granule case is eBPF's", rep)
+	}
+	old := cachedRegion(t, c, base+4*page, 1)
+	wantHit(t, c, base+4*page, 1, old)
+	deregister(t, c, u) // unpins the uncached page: the granule stays watched
+	munmap(t, base+4*page, 1)
+	if _, err := sys.MmapAnon(base+4*page, page, sys.MapFixedNoreplace); err != nil {
+		t.Fatalf("mmap again: %v", err)
+	}
+	wantMiss(t, c, base+4*page, 1, old)
+}
