@@ -195,29 +195,46 @@ func TestPeerKilled(t *testing.T) {
 			e, child, addr, rkey := dialTarget(t, mem, size, true)
 			buf := make([]byte, size)
 			mr := register(t, e.d, buf, AccessLocalWrite)
-			// Enough work to run well past the kill.
-			const ops = 64
-			for i := 0; i < ops; i++ {
-				if err := e.qp.PostSend(SendWR{ID: uint64(i), Op: OpWrite, Local: buf, LKey: mr.LKey, Remote: addr, RKey: rkey}); err != nil {
+			// Work in flight all the time, from before the kill until the
+			// queue pair fails: how long a dying process takes to hang up
+			// varies (its exit detaches eBPF links, which waits for RCU
+			// grace periods), and a transfer must be under way then.
+			const inFlight = 8
+			post := func(id uint64) {
+				if err := e.qp.PostSend(SendWR{ID: id, Op: OpWrite, Local: buf, LKey: mr.LKey, Remote: addr, RKey: rkey}); err != nil && e.qp.State() == QPReady {
 					t.Fatal(err)
 				}
 			}
+			for i := range inFlight {
+				post(uint64(i))
+			}
 			wait(t, e.scq) // the first transfer finished: the engine is busy with the rest
+			post(inFlight)
 			child.Kill()
-			<-child.Done()
-			killed := time.Now()
+			exited := make(chan time.Time, 1)
+			go func() { <-child.Done(); exited <- time.Now() }()
 			var failed int
-			for got := 1; got < ops; got++ {
+			var killed time.Time
+			for pending, next := inFlight, uint64(inFlight+1); pending > 0; pending-- {
 				c := wait(t, e.scq)
 				if c.Status != StatusSuccess {
 					failed++
 					if c.Status != StatusFlushed && c.Status != StatusRemoteOp {
 						t.Fatalf("completion %+v", c)
 					}
+				} else if failed == 0 && e.qp.State() == QPReady {
+					post(next) // keep the queue full until the failure
+					next++
+					pending++
 				}
 			}
+			select {
+			case killed = <-exited:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the killed peer did not exit")
+			}
 			elapsed := time.Since(killed)
-			t.Logf("%d transfers failed; all completed %v after the kill", failed, elapsed)
+			t.Logf("%d transfers failed; all completed %v after the peer exited", failed, elapsed)
 			if failed == 0 {
 				t.Fatal("no transfer failed after the peer was killed")
 			}
