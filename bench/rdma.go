@@ -22,7 +22,8 @@ package main
 // latter: process_vm_writev/readv called directly, with no NIC around it.
 // memcpy, at the targets' sizes (1 and 16 MiB), is the floor of the
 // former: single-core copy() of the same size, in chunks interleaved with
-// nic/shm's.
+// nic/shm's. UCX's put and get, measured by ucx_perftest (ucx.go), are
+// rows ucx/put (write_lat, write_bw) and ucx/get (read_lat, read_bw).
 
 import (
 	"context"
@@ -61,7 +62,8 @@ func init() {
 					copies += 2
 				}
 			}
-			return 3*len(lat) + 2*len(bw) + sends + 2*len(lat) + 4*len(bw) + ref + copies // nic/shm, nic/cma and cma/raw
+			return 3*len(lat) + 2*len(bw) + sends + 2*len(lat) + 4*len(bw) + ref + copies + // nic/shm, nic/cma and cma/raw
+				ucxRows(env, "rdma")
 		},
 	})
 	registerPeer("rdma", rdmaPeer)
@@ -69,7 +71,11 @@ func init() {
 	targets = append(targets,
 		target{"nic send_lat 8B p50 / busy ring 8B p50 (interleaved)",
 			recordKey{"rdma", "send_lat", "nic/shm", refSize, metricLatP50},
-			recordKey{"rdma", "send_lat", "ring/busy", refSize, metricLatP50}, 1.5, true, nil})
+			recordKey{"rdma", "send_lat", "ring/busy", refSize, metricLatP50}, 1.5, true, nil},
+		// Issue 19: an RDMA Write at least as fast as UCX's put.
+		target{"nic/shm write_lat 8B p50 / ucx/put 8B p50",
+			recordKey{"rdma", "write_lat", "nic/shm", 8, metricLatP50},
+			recordKey{"rdma", "write_lat", "ucx/put", 8, metricLatP50}, 1.0, true, nil})
 	for _, size := range rdmaTargetSizes {
 		for _, cas := range []string{"write_bw", "read_bw"} {
 			targets = append(targets,
@@ -374,7 +380,8 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 			return recs, fmt.Errorf("nic/%s: %w", mem, err)
 		}
 	}
-	return recs, nil
+	r, err := runUCX(ctx, env)
+	return append(recs, r...), err
 }
 
 func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem string, latSizes, bwSizes []int) (recs []Record, err error) {
