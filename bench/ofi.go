@@ -3,7 +3,8 @@ package main
 // libfabric as a peer: its ping-pong, fi_pingpong (Debian package
 // libfabric-bin), with the shm provider on reliable datagram endpoints
 // (-p shm -e rdm), two processes pinned as ours are: transport ofi/shm of
-// the conn suite.
+// the conn suite. FI_SHM_DISABLE_CMA is ofiDisableCMA unless the
+// environment sets it.
 //
 // fi_pingpong (libfabric 1.17) measures ping-pong only, and prints one
 // line per size: usec/xfer is the run's time divided by twice its
@@ -18,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +27,19 @@ import (
 )
 
 const envOFI = "SANDIRECT_BENCH_OFI" // fi_pingpong's path; "0": leave libfabric out
+
+// ofiDisableCMA is the shm provider's FI_SHM_DISABLE_CMA unless the
+// environment sets it: without cross-memory attach (process_vm_readv) its
+// 64 KiB and 1 MiB ping-pong ran 2-3x faster here, copying through its
+// shared buffers instead (docs/peers.md). The bar is libfabric at its best.
+const ofiDisableCMA = "1"
+
+func ofiEnv() []string {
+	if v, ok := os.LookupEnv("FI_SHM_DISABLE_CMA"); ok {
+		return []string{"FI_SHM_DISABLE_CMA=" + v}
+	}
+	return []string{"FI_SHM_DISABLE_CMA=" + ofiDisableCMA}
+}
 
 const ofiTransport = "ofi/shm"
 
@@ -106,6 +121,7 @@ func (o *ofiRunner) pingpong(ctx context.Context, size, iters int) (float64, err
 	common := []string{"-p", "shm", "-e", "rdm", "-S", strconv.Itoa(size), "-I", strconv.Itoa(iters)}
 	pair := toolPair{
 		bin: o.bin,
+		env: ofiEnv(),
 		server: func(port int) []string {
 			return append([]string{"-B", strconv.Itoa(port)}, common...)
 		},
@@ -150,8 +166,8 @@ func runOFI(ctx context.Context, env *Env) ([]Record, error) {
 		}
 		return nil, nil
 	}
-	fmt.Fprintf(env.out, "%-9s %-18s note: fi_pingpong -p shm -e rdm: mean half round trips (median of %d runs); no stream mode\n",
-		"", ofiTransport, max(1, env.plan.bwChunks))
+	fmt.Fprintf(env.out, "%-9s %-18s note: fi_pingpong -p shm -e rdm, %s: mean half round trips (median of %d runs); no stream mode\n",
+		"", ofiTransport, strings.Join(ofiEnv(), " "), max(1, env.plan.bwChunks))
 	o := &ofiRunner{bin: bin, env: env}
 	ping, _ := connSizes(env)
 	var recs []Record
