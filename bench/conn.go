@@ -31,17 +31,24 @@ package main
 // in place: sharedConn) and sockets/forcetcp (network "tcp" on
 // 127.0.0.1 with Config.ForceTCP: the package's plain-TCP path, what a
 // program gets from sockets.Dial to another host; both ends are checked to
-// be *net.TCPConn, so it is never shared memory). cloudwego/shmipc-go is measured by its own module, bench/shmipc,
-// and merged in (shmipc.go). Memory per idle connection of ours closes the
-// suite (connIdle).
+// be *net.TCPConn, so it is never shared memory), and sockets/default
+// (sockets.DefaultConfig(), what users get: adaptive waiting, unpinned).
+// cloudwego/shmipc-go is measured by its own module, bench/shmipc, and
+// merged in (shmipc.go); UCX and libfabric by their own benchmarks,
+// ucx_perftest (ucx/tag, ucx/stream: ucx.go) and fi_pingpong (ofi/shm,
+// ping-pong only: ofi.go), pinned as the busy-polling transports are.
+// Memory per idle connection of ours closes the suite (connIdle).
+//
+// Issue 19's targets divide sockets/busy by the best of the peers ucx/tag,
+// ucx/stream and ofi/shm at each size (peerTargets), and name it.
 //
 // The stream targets divide by single-core copy() of the same size
 // measured in chunks between the stream's own, on the same thread
 // (transport memcpy@NAME): measured minutes apart in the floor suite, a
 // 16 MiB copy() moved by half.
 //
-// SANDIRECT_BENCH_CONN=NAME measures only the transport NAME (and
-// shmipc-go and the idle memory, which have their own steps).
+// SANDIRECT_BENCH_CONN=NAME measures only the transport NAME, ours or a
+// peer's (and shmipc-go and the idle memory, which have their own steps).
 //
 // One peer command per transport: the parent listens, the peer dials, and
 // the cases follow in-band on the connection:
@@ -79,7 +86,7 @@ import (
 func init() {
 	register(&Suite{
 		Name: "conn",
-		Doc:  "net.Conn ping-pong and streaming, 8 B-16 MiB: sockets (busy, block, forcetcp) vs unix, tcp, pipe, shmipc-go",
+		Doc:  "net.Conn ping-pong and streaming, 8 B-16 MiB: sockets (busy, block, default, forcetcp) vs UCX, libfabric, unix, tcp, pipe, shmipc-go",
 		Run:  runConn,
 		Rows: connRows,
 	})

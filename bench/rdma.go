@@ -42,7 +42,7 @@ import (
 func init() {
 	register(&Suite{
 		Name: "rdma",
-		Doc:  "emulated NIC: send/write/read latency and bandwidth (perftest cases), device memory and cross-memory",
+		Doc:  "emulated NIC: send/write/read latency and bandwidth (perftest cases), device memory and cross-memory, vs UCX put/get",
 		Run:  runRDMA,
 		Rows: func(env *Env) int {
 			lat, bw := rdmaSizes(env)
