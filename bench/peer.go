@@ -574,7 +574,20 @@ type toolPair struct {
 
 // run starts the server, waits until it listens, runs the client and
 // returns what the client printed on stdout. Both die with this process.
+// A server that exits before it listens is started once more, on another
+// port: the free port it was given may have been taken meanwhile.
 func (t toolPair) run(ctx context.Context, env *Env) (string, error) {
+	out, err := t.runOnce(ctx, env)
+	if errors.Is(err, errNotListening) {
+		out, err = t.runOnce(ctx, env)
+	}
+	return out, err
+}
+
+// errNotListening: a peer tool's server exited before it listened.
+var errNotListening = errors.New("exited before it listened")
+
+func (t toolPair) runOnce(ctx context.Context, env *Env) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, toolRunMax)
 	defer cancel()
 	port, err := freePort()
@@ -660,7 +673,7 @@ func awaitListen(ctx context.Context, port int, done chan error) error {
 		select {
 		case err := <-done:
 			done <- err // for the caller's wait
-			return fmt.Errorf("exited before it listened on port %d: %v", port, err)
+			return fmt.Errorf("%w on port %d: %v", errNotListening, port, err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
