@@ -314,16 +314,50 @@ type ringRef struct {
 	rr ringRegions
 }
 
-func startRingRef(env *Env) (*ringRef, error) {
-	r := &ringRef{}
-	err := r.start(env, "ring", shm.KindRings, ringSegSize, func(seg *shm.Segment) (err error) {
-		r.rr, err = mapRingRegions(seg)
-		return err
-	})
+// startRingRef starts the ring suite's peer on a segment of rings and, as
+// the ring suite does, links the two processes' wake hubs (the peer's fd
+// after its segment; ringWk, which the ring ping-pong attaches to, until
+// close).
+func startRingRef(env *Env) (r *ringRef, err error) {
+	seg, err := shm.CreateSegment("bench-ring", shm.KindRings, ringSegSize)
 	if err != nil {
 		return nil, err
 	}
+	r = &ringRef{refPeer: refPeer{seg: seg}}
+	defer func() {
+		if err != nil {
+			seg.Close()
+		}
+	}()
+	if r.rr, err = mapRingRegions(seg); err != nil {
+		return nil, err
+	}
+	segf, err := seg.File()
+	if err != nil {
+		return nil, err
+	}
+	hubMine, hubTheirs, err := sys.UnixPair()
+	if err != nil {
+		segf.Close()
+		return nil, err
+	}
+	defer hubMine.Close()
+	if r.p, err = startPeerFiles(env, "ring", segf, hubTheirs); err != nil {
+		return nil, err
+	}
+	if ringWk, err = linkHubs(hubMine, true); err != nil {
+		r.p.close()
+		return nil, fmt.Errorf("wake hubs: %w", err)
+	}
 	return r, nil
+}
+
+func (r *ringRef) close() error {
+	if ringWk != nil {
+		ringWk.close()
+		ringWk = nil
+	}
+	return r.refPeer.close()
 }
 
 func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
