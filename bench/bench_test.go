@@ -209,6 +209,24 @@ func TestRunRDMA(t *testing.T) {
 			t.Errorf("record %+v = %v, want > 0\n%s", k, v, out.String())
 		}
 	}
+	// UCX's put and get beside ours, where ucx_perftest is installed.
+	if _, err := toolPath(envUCX, "ucx_perftest", "ucx-utils"); err != nil {
+		t.Logf("UCX not measured: %v", err)
+		return
+	}
+	for _, k := range []recordKey{
+		{"rdma", "write_lat", "ucx/put", 8, metricLatP50},
+		{"rdma", "write_bw", "ucx/put", 64 * kiB, metricBW},
+		{"rdma", "read_lat", "ucx/get", 8, metricLatP50},
+		{"rdma", "read_bw", "ucx/get", 64 * kiB, metricBW},
+	} {
+		if v := got[k]; !(v > 0) {
+			t.Errorf("record %+v = %v, want > 0\n%s", k, v, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "nic/shm write_lat 8B p50 / ucx/put 8B p50") {
+		t.Errorf("no verdict on the write_lat target:\n%s", out.String())
+	}
 }
 
 func TestRunErrors(t *testing.T) {
@@ -388,11 +406,22 @@ func TestPlansMeasureTargets(t *testing.T) {
 			{"conn", "pingpong"}: env.plan.connPingSizes, {"conn", "stream"}: env.plan.connStreamSizes,
 			{"floor", "copy"}: env.plan.copySizes,
 		}
+		type pair struct {
+			name string
+			keys []recordKey
+		}
+		var all []pair
 		for _, tg := range targets {
-			if quick && tg.num.suite == "conn" && tg.num.cas == "stream" && tg.num.size == 4*miB {
+			all = append(all, pair{tg.name, []recordKey{tg.num, tg.den}})
+		}
+		for _, tg := range peerTargets {
+			all = append(all, pair{tg.name, append([]recordKey{tg.num}, tg.peers...)})
+		}
+		for _, tg := range all {
+			if quick && tg.keys[0].suite == "conn" && tg.keys[0].cas == "stream" && tg.keys[0].size == 4*miB {
 				continue // the quick plan streams 1 and 16 MiB only
 			}
-			for _, k := range []recordKey{tg.num, tg.den} {
+			for _, k := range tg.keys {
 				have, ok := sizes[[2]string{k.suite, k.cas}]
 				if !ok {
 					continue

@@ -31,17 +31,24 @@ package main
 // in place: sharedConn) and sockets/forcetcp (network "tcp" on
 // 127.0.0.1 with Config.ForceTCP: the package's plain-TCP path, what a
 // program gets from sockets.Dial to another host; both ends are checked to
-// be *net.TCPConn, so it is never shared memory). cloudwego/shmipc-go is measured by its own module, bench/shmipc,
-// and merged in (shmipc.go). Memory per idle connection of ours closes the
-// suite (connIdle).
+// be *net.TCPConn, so it is never shared memory), and sockets/default
+// (sockets.DefaultConfig(), what users get: adaptive waiting, unpinned).
+// cloudwego/shmipc-go is measured by its own module, bench/shmipc, and
+// merged in (shmipc.go); UCX and libfabric by their own benchmarks,
+// ucx_perftest (ucx/tag, ucx/stream: ucx.go) and fi_pingpong (ofi/shm,
+// ping-pong only: ofi.go), pinned as the busy-polling transports are.
+// Memory per idle connection of ours closes the suite (connIdle).
+//
+// Issue 19's targets divide sockets/busy by the best of the peers ucx/tag,
+// ucx/stream and ofi/shm at each size (peerTargets), and name it.
 //
 // The stream targets divide by single-core copy() of the same size
 // measured in chunks between the stream's own, on the same thread
 // (transport memcpy@NAME): measured minutes apart in the floor suite, a
 // 16 MiB copy() moved by half.
 //
-// SANDIRECT_BENCH_CONN=NAME measures only the transport NAME (and
-// shmipc-go and the idle memory, which have their own steps).
+// SANDIRECT_BENCH_CONN=NAME measures only the transport NAME, ours or a
+// peer's (and shmipc-go and the idle memory, which have their own steps).
 //
 // One peer command per transport: the parent listens, the peer dials, and
 // the cases follow in-band on the connection:
@@ -79,7 +86,7 @@ import (
 func init() {
 	register(&Suite{
 		Name: "conn",
-		Doc:  "net.Conn ping-pong and streaming, 8 B-16 MiB: sockets (busy, block, forcetcp) vs unix, tcp, pipe, shmipc-go",
+		Doc:  "net.Conn ping-pong and streaming, 8 B-16 MiB: sockets (busy, block, default, forcetcp) vs UCX, libfabric, unix, tcp, pipe, shmipc-go",
 		Run:  runConn,
 		Rows: connRows,
 	})
@@ -114,6 +121,30 @@ func init() {
 					num: recordKey{"conn", "stream", mode, size, metricBW},
 					den: recordKey{"conn", "stream", copyRefTransport(mode), size, metricBW}, limit: 0.6, ceiling: ceiling})
 		}
+	}
+	// Issue 19's targets: ours against the best of UCX and libfabric at
+	// each size.
+	peers := []string{"ucx/tag", "ucx/stream", ofiTransport}
+	keys := func(cas string, size int, metric string) []recordKey {
+		var ks []recordKey
+		for _, p := range peers {
+			ks = append(ks, recordKey{"conn", cas, p, size, metric})
+		}
+		return ks
+	}
+	for _, size := range []int{8, 64, 4 * kiB, 64 * kiB, miB} {
+		peerTargets = append(peerTargets, peerTarget{name: fmt.Sprintf("sockets/busy %s p50", fsize(size)),
+			num:   recordKey{"conn", "pingpong", "sockets/busy", size, metricLatP50},
+			peers: keys("pingpong", size, metricLatP50), limit: 1.0, atMost: true})
+	}
+	for _, size := range []int{64, 4 * kiB, 64 * kiB, miB, 16 * miB} {
+		limit := 1.0
+		if size == 16*miB {
+			limit = 1.5
+		}
+		peerTargets = append(peerTargets, peerTarget{name: fmt.Sprintf("sockets/busy stream %s", fsize(size)),
+			num:   recordKey{"conn", "stream", "sockets/busy", size, metricBW},
+			peers: keys("stream", size, metricBW), limit: limit})
 	}
 	goals = append(goals, goal{name: "sockets idle connection, KiB (both ends)",
 		key: recordKey{"conn", "idle", connIdleTransport, 0, metricMem}, unit: kiB, limit: 256, atMost: true})
@@ -169,6 +200,11 @@ var connTransports = []*connTransport{
 	{name: "sockets/busy+shared", busy: true, copyRef: true,
 		listen: sharedListener(listenSockets("sandirect", shm.WaitBusyPoll, false)),
 		dial:   sharedDialer(dialSockets("sandirect", shm.WaitBusyPoll, false))},
+	// What users get: sockets.DefaultConfig() (adaptive waiting), run as
+	// an ordinary Go program runs, unpinned.
+	{name: "sockets/default",
+		listen: listenSockets("sandirect", shm.WaitAdaptive, false),
+		dial:   dialSockets("sandirect", shm.WaitAdaptive, false)},
 	// Our TCP path, not shared memory: "tcp" to loopback with ForceTCP.
 	{name: "sockets/forcetcp",
 		listen: listenSockets("tcp", shm.WaitAdaptive, true),
@@ -483,7 +519,16 @@ func connRows(env *Env) int {
 			}
 		}
 	}
-	return (len(connTransports)+1)*(len(ping)+len(stream)) + 1 + ref + copies // + shmipc, + idle memory
+	peers := ucxRows(env, "conn") + ofiRows(env)
+	return (len(connTransports)+1)*(len(ping)+len(stream)) + 1 + ref + copies + peers // + shmipc, + idle memory
+}
+
+// peerChosen tells whether the conn suite measures transport name:
+// SANDIRECT_BENCH_CONN=NAME measures only NAME (and shmipc-go and the idle
+// memory). Other suites measure all of theirs.
+func peerChosen(env *Env, name string) bool {
+	only := os.Getenv("SANDIRECT_BENCH_CONN")
+	return env.suite != "conn" || only == "" || only == name
 }
 
 func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
@@ -518,7 +563,7 @@ func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
 		if err := ctx.Err(); err != nil {
 			return recs, err
 		}
-		if only := os.Getenv("SANDIRECT_BENCH_CONN"); only != "" && only != t.name {
+		if !peerChosen(env, t.name) {
 			continue // one transport only: for a closer look at it
 		}
 		if p == nil {
@@ -540,20 +585,22 @@ func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
 			p = nil
 		}
 	}
-	r, err := runShmipc(ctx, env)
-	recs = append(recs, r...)
-	if err != nil {
-		if ctx.Err() != nil {
-			return recs, err
+	for _, measure := range []func(context.Context, *Env) ([]Record, error){runShmipc, runUCX, runOFI} {
+		r, err := measure(ctx, env)
+		recs = append(recs, r...)
+		if err != nil {
+			if ctx.Err() != nil {
+				return recs, err
+			}
+			failed = append(failed, err)
 		}
-		failed = append(failed, err)
 	}
 	if p == nil {
 		if p, err = startConnPeer(env); err != nil {
 			return recs, err
 		}
 	}
-	r, err = connIdle(ctx, env, p)
+	r, err := connIdle(ctx, env, p)
 	recs = append(recs, r...)
 	if err != nil {
 		failed = append(failed, fmt.Errorf("idle memory: %w", err))

@@ -47,11 +47,30 @@ func TestRunConn(t *testing.T) {
 	} else {
 		t.Logf("shmipc-go not measured: %s", grepLine(out.String(), "shmipc skipped"))
 	}
+	// The peers where their tools are installed (else the table says why).
+	for _, p := range []struct {
+		env, tool, pkg string
+		transports     []string
+	}{
+		{envUCX, "ucx_perftest", "ucx-utils", []string{"ucx/tag", "ucx/stream"}},
+		{envOFI, "fi_pingpong", "libfabric-bin", []string{ofiTransport}},
+	} {
+		if _, err := toolPath(p.env, p.tool, p.pkg); err != nil {
+			if !strings.Contains(out.String(), "apt-get install "+p.pkg) {
+				t.Errorf("%s not measured and the table does not say why (%v)", p.tool, err)
+			}
+			continue
+		}
+		transports = append(transports, p.transports...)
+	}
 	for _, tr := range transports {
 		for _, size := range []int{8, 64 * kiB} {
 			if v := got[recordKey{"conn", "pingpong", tr, size, metricLatP50}]; !(v > 0) {
 				t.Errorf("%s pingpong %s p50 = %v", tr, fsize(size), v)
 			}
+		}
+		if tr == ofiTransport {
+			continue // fi_pingpong has no stream mode
 		}
 		for _, size := range []int{64, 64 * kiB} {
 			k := recordKey{"conn", "stream", tr, size, metricBW}
@@ -74,6 +93,35 @@ func TestRunConn(t *testing.T) {
 		}
 	}
 	checkPNG(t, filepath.Join(dir, "conn.png"))
+}
+
+// The targets against the best peer divide by the best one measured and
+// name it: the least latency, the most bandwidth, whichever peer it is.
+func TestPeerTargets(t *testing.T) {
+	recs := []Record{
+		{"conn", "pingpong", "sockets/busy", 8, metricLatP50, 300},
+		{"conn", "pingpong", "ucx/tag", 8, metricLatP50, 200},
+		{"conn", "pingpong", "ucx/stream", 8, metricLatP50, 150},
+		{"conn", "pingpong", ofiTransport, 8, metricLatP50, 400},
+		{"conn", "stream", "sockets/busy", 16 * miB, metricBW, 12},
+		{"conn", "stream", "ucx/tag", 16 * miB, metricBW, 10},
+		{"conn", "stream", "ucx/stream", 16 * miB, metricBW, 6},
+		{"conn", "stream", "sockets/busy", 64, metricBW, 1}, // no peer measured: no line
+	}
+	var out bytes.Buffer
+	printTargets(&out, recs, 0)
+	words := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{
+		"sockets/busy 8B p50 / ucx/stream (best) 300.0 150.0 2.00 <=1 MISS",
+		"sockets/busy stream 16MiB / ucx/tag (best) 12.00 10.00 1.20 >=1.5 MISS",
+	} {
+		if !strings.Contains(words, want) {
+			t.Errorf("targets lack %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "stream 64B") {
+		t.Errorf("a target without any peer measured was printed:\n%s", out.String())
+	}
 }
 
 func grepLine(text, s string) string {

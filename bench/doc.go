@@ -10,12 +10,13 @@
 // clients, over sandirect with the default Config, a Unix socket and TCP
 // loopback, interleaved; the server's OS threads with 10,000 idle
 // connections each waiting in Read), conn (net.Conn ping-pong and streaming, 8 B
-// to 16 MiB: sockets/busy, sockets/block and sockets/forcetcp against unix, tcp,
-// pipe and cloudwego/shmipc-go; memory per idle connection), floor
+// to 16 MiB: sockets/busy, sockets/block, sockets/default and
+// sockets/forcetcp against UCX, libfabric, unix, tcp, pipe and
+// cloudwego/shmipc-go; memory per idle connection), floor
 // (cache-line and futex round trips between two processes, single-core
 // copy() bandwidth, the two-core pipeline that bounds any cross-core
 // stream), pin (the registration cache), rdma (the emulated
-// NIC's perftest cases) and ring (shm ring ping-pong in busy-poll and block
+// NIC's perftest cases, beside UCX's put and get) and ring (shm ring ping-pong in busy-poll and block
 // mode, one-way streaming). When the two numbers of a target ratio were
 // both measured, the ratio is printed with PASS or MISS; so are goals on
 // single numbers.
@@ -28,6 +29,14 @@
 // report's figures, bench/plot (gonum/plot; SANDIRECT_BENCH_PLOT): where
 // bench/plot cannot be built, the report is bench.json alone and the run
 // says why (appmod.go).
+//
+// UCX and libfabric are measured by their own benchmarks over shared
+// memory, ucx_perftest and fi_pingpong (Debian's ucx-utils and
+// libfabric-bin), a server pinned to the peer's CPU and a client to this
+// process's, as ours are; where a tool is not installed the suite says so
+// and goes on without it (SANDIRECT_BENCH_UCX, SANDIRECT_BENCH_OFI: the
+// tool's path, or 0 to leave it out). docs/peers.md says what each tool
+// reports and how it becomes our records.
 //
 // # Output
 //
@@ -68,10 +77,12 @@
 // Transports: cacheline, futex, futex/unpinned, futexcond/unpinned, memcpy,
 // pipeline/cached, pipeline/nt, pipeline/best, ring/busy,
 // ring/block, nic/shm, nic/cma, cma/raw, pin/…, unix, tcp, pipe,
-// sockets/busy, sockets/block, sockets/busy+shared, sockets/forcetcp (until
-// 2026-11 this row was sockets/tcp, a tcp address that the dialer routed
-// over shared memory), shmipc, grpc/sandirect, grpc/unix, grpc/tcp,
-// http/sandirect, http/unix, http/tcp, sockets/default (app: idle); the interleaved copy() references memcpy
+// sockets/busy, sockets/block, sockets/busy+shared, sockets/default,
+// sockets/forcetcp (until 2026-11 this row was sockets/tcp, a tcp address
+// that the dialer routed over shared memory), shmipc, ucx/tag, ucx/stream,
+// ofi/shm (conn), ucx/put, ucx/get (rdma), grpc/sandirect, grpc/unix,
+// grpc/tcp, http/sandirect, http/unix, http/tcp, sockets/default (app:
+// idle); the interleaved copy() references memcpy
 // (rdma suite, beside nic/shm's bandwidth) and memcpy@TRANSPORT (conn
 // suite, beside that transport's 1, 4 and 16 MiB streams). Other tools read these
 // names: keep them stable.

@@ -17,9 +17,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -172,22 +174,46 @@ func startPeerFiles(env *Env, role string, files ...*os.File) (*peer, error) {
 // goroutine that locked it returns without unlocking (as some monitors in
 // this project do on purpose): a child forked from an arbitrary thread could
 // be killed in the middle of a run.
-func spawn(cmd *exec.Cmd) error {
+func spawn(cmd *exec.Cmd) error { return spawnOn(cmd, -1) }
+
+// spawnOn is spawn with the child's CPU affinity set to cpu (cpu < 0: the
+// parent's): a child inherits the mask of the thread that forked it, and
+// the peer tools (ucx_perftest, fi_pingpong) must run where the harness
+// pins its own two processes.
+func spawnOn(cmd *exec.Cmd, cpu int) error {
 	spawnOnce.Do(func() {
 		go func() {
 			runtime.LockOSThread() // for good: this thread is never reused or ended
 			for c := range spawns {
-				c.done <- c.cmd.Start()
+				c.done <- startOn(c.cmd, c.cpu)
 			}
 		}()
 	})
 	done := make(chan error, 1)
-	spawns <- spawnCall{cmd, done}
+	spawns <- spawnCall{cmd, cpu, done}
 	return <-done
+}
+
+// startOn starts cmd from the calling (locked) thread, pinned to cpu for
+// the fork.
+func startOn(cmd *exec.Cmd, cpu int) error {
+	if cpu < 0 {
+		return cmd.Start()
+	}
+	restore, err := sys.PinThread(cpu)
+	if err != nil {
+		return fmt.Errorf("pin to CPU %d: %w", cpu, err)
+	}
+	err = cmd.Start()
+	if rerr := restore(); err == nil && rerr != nil {
+		err = fmt.Errorf("restore CPU affinity: %w", rerr)
+	}
+	return err
 }
 
 type spawnCall struct {
 	cmd  *exec.Cmd
+	cpu  int
 	done chan error
 }
 
@@ -500,4 +526,180 @@ func (pc *peerConn) serve(do func(cmd ctlMsg) error) error {
 			return fmt.Errorf("answer %s: %w", cmd.Op, derr)
 		}
 	}
+}
+
+// ---- peer tools ----
+
+// The other transports are measured by their own benchmark programs
+// (ucx_perftest, fi_pingpong: ucx.go, ofi.go), two processes like ours: the
+// server pinned to the peer's CPU, the client, which measures, to this
+// process's. The two meet on a loopback TCP port for their set-up only.
+
+const (
+	toolListenTimeout = 10 * time.Second // server start until it listens
+	toolRunMax        = 3 * time.Minute  // one client run
+)
+
+// errToolSkipped says that a peer tool cannot run here, and why.
+var errToolSkipped = errors.New("skipped")
+
+// toolPath finds a peer tool: the path in $envName ("0": leave it out), or
+// name in PATH. A missing tool is an errToolSkipped error that says which
+// Debian package has it.
+func toolPath(envName, name, pkg string) (string, error) {
+	switch v := os.Getenv(envName); v {
+	case "0":
+		return "", fmt.Errorf("%w: %s=0", errToolSkipped, envName)
+	case "":
+	default:
+		name = v
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s not installed (apt-get install %s, or set %s to its path)",
+			errToolSkipped, name, pkg, envName)
+	}
+	return p, nil
+}
+
+// A toolPair is one measurement by a peer tool: its server and its client
+// on the port they meet on.
+type toolPair struct {
+	bin    string
+	env    []string // added to the environment of both
+	server func(port int) []string
+	client func(port int) []string
+}
+
+// run starts the server, waits until it listens, runs the client and
+// returns what the client printed on stdout. Both die with this process.
+// A server that exits before it listens is started once more, on another
+// port: the free port it was given may have been taken meanwhile.
+func (t toolPair) run(ctx context.Context, env *Env) (string, error) {
+	out, err := t.runOnce(ctx, env)
+	if errors.Is(err, errNotListening) {
+		out, err = t.runOnce(ctx, env)
+	}
+	return out, err
+}
+
+// errNotListening: a peer tool's server exited before it listened.
+var errNotListening = errors.New("exited before it listened")
+
+func (t toolPair) runOnce(ctx context.Context, env *Env) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, toolRunMax)
+	defer cancel()
+	port, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	name := filepath.Base(t.bin)
+	srvOut := &tailBuffer{max: 16 << 10}
+	srv := t.command(ctx, t.server(port), srvOut, srvOut)
+	if err := spawnOn(srv, env.cpus[1]); err != nil {
+		return "", fmt.Errorf("start %s server: %w", name, err)
+	}
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Wait() }()
+	defer func() {
+		srv.Process.Kill() // it has exited, unless the client failed
+		<-srvDone
+	}()
+	if err := awaitListen(ctx, port, srvDone); err != nil {
+		return "", fmt.Errorf("%s server: %w; its output: %s", name, err, lastLines(srvOut.String(), 5))
+	}
+	var out bytes.Buffer
+	cliErr := &tailBuffer{max: 16 << 10}
+	cli := t.command(ctx, t.client(port), &out, cliErr)
+	if err := spawnOn(cli, env.cpus[0]); err != nil {
+		return "", fmt.Errorf("start %s client: %w", name, err)
+	}
+	if err := cli.Wait(); err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", err, ctx.Err())
+		}
+		return "", fmt.Errorf("%s %s: %w; its output: %s; the server's: %s", name, strings.Join(t.client(port), " "),
+			err, lastLines(out.String()+cliErr.String(), 5), lastLines(srvOut.String(), 5))
+	}
+	select {
+	case err := <-srvDone:
+		srvDone <- err // for the deferred wait
+		if err != nil {
+			return "", fmt.Errorf("%s server: %w; its output: %s", name, err, lastLines(srvOut.String(), 5))
+		}
+	case <-time.After(exitTimeout):
+		return "", fmt.Errorf("%s server still running %v after its client ended; its output: %s", name,
+			exitTimeout, lastLines(srvOut.String(), 5))
+	}
+	return out.String(), nil
+}
+
+func (t toolPair) command(ctx context.Context, args []string, stdout, stderr io.Writer) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, t.bin, args...)
+	cmd.Env = append(os.Environ(), t.env...)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// awaitListen waits until a TCP socket listens on port, the server exits
+// (done) or toolListenTimeout passes. The tools say nothing when they
+// listen (their stdout is block-buffered into a pipe), so the kernel's
+// socket table is asked, every millisecond.
+func awaitListen(ctx context.Context, port int, done chan error) error {
+	deadline := time.NewTimer(toolListenTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, err := listening(port)
+		switch {
+		case err != nil:
+			return err
+		case ok:
+			return nil
+		}
+		select {
+		case err := <-done:
+			done <- err // for the caller's wait
+			return fmt.Errorf("%w on port %d: %v", errNotListening, port, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return fmt.Errorf("not listening on port %d after %v", port, toolListenTimeout)
+		case <-tick.C:
+		}
+	}
+}
+
+// listening tells whether /proc/net/tcp or tcp6 has a socket in state
+// LISTEN on port.
+func listening(port int) (bool, error) {
+	suffix := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return false, err
+		}
+		for line := range strings.Lines(string(b)) {
+			// sl local_address rem_address st ...; st 0A is LISTEN.
+			if fs := strings.Fields(line); len(fs) > 3 && strings.HasSuffix(fs[1], suffix) && fs[3] == "0A" {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }

@@ -22,7 +22,8 @@ package main
 // latter: process_vm_writev/readv called directly, with no NIC around it.
 // memcpy, at the targets' sizes (1 and 16 MiB), is the floor of the
 // former: single-core copy() of the same size, in chunks interleaved with
-// nic/shm's.
+// nic/shm's. UCX's put and get, measured by ucx_perftest (ucx.go), are
+// rows ucx/put (write_lat, write_bw) and ucx/get (read_lat, read_bw).
 
 import (
 	"context"
@@ -41,7 +42,7 @@ import (
 func init() {
 	register(&Suite{
 		Name: "rdma",
-		Doc:  "emulated NIC: send/write/read latency and bandwidth (perftest cases), device memory and cross-memory",
+		Doc:  "emulated NIC: send/write/read latency and bandwidth (perftest cases), device memory and cross-memory, vs UCX put/get",
 		Run:  runRDMA,
 		Rows: func(env *Env) int {
 			lat, bw := rdmaSizes(env)
@@ -61,7 +62,8 @@ func init() {
 					copies += 2
 				}
 			}
-			return 3*len(lat) + 2*len(bw) + sends + 2*len(lat) + 4*len(bw) + ref + copies // nic/shm, nic/cma and cma/raw
+			return 3*len(lat) + 2*len(bw) + sends + 2*len(lat) + 4*len(bw) + ref + copies + // nic/shm, nic/cma and cma/raw
+				ucxRows(env, "rdma")
 		},
 	})
 	registerPeer("rdma", rdmaPeer)
@@ -69,7 +71,11 @@ func init() {
 	targets = append(targets,
 		target{"nic send_lat 8B p50 / busy ring 8B p50 (interleaved)",
 			recordKey{"rdma", "send_lat", "nic/shm", refSize, metricLatP50},
-			recordKey{"rdma", "send_lat", "ring/busy", refSize, metricLatP50}, 1.5, true, nil})
+			recordKey{"rdma", "send_lat", "ring/busy", refSize, metricLatP50}, 1.5, true, nil},
+		// Issue 19: an RDMA Write at least as fast as UCX's put.
+		target{"nic/shm write_lat 8B p50 / ucx/put 8B p50",
+			recordKey{"rdma", "write_lat", "nic/shm", 8, metricLatP50},
+			recordKey{"rdma", "write_lat", "ucx/put", 8, metricLatP50}, 1.0, true, nil})
 	for _, size := range rdmaTargetSizes {
 		for _, cas := range []string{"write_bw", "read_bw"} {
 			targets = append(targets,
@@ -308,16 +314,50 @@ type ringRef struct {
 	rr ringRegions
 }
 
-func startRingRef(env *Env) (*ringRef, error) {
-	r := &ringRef{}
-	err := r.start(env, "ring", shm.KindRings, ringSegSize, func(seg *shm.Segment) (err error) {
-		r.rr, err = mapRingRegions(seg)
-		return err
-	})
+// startRingRef starts the ring suite's peer on a segment of rings and, as
+// the ring suite does, links the two processes' wake hubs (the peer's fd
+// after its segment; ringWk, which the ring ping-pong attaches to, until
+// close).
+func startRingRef(env *Env) (r *ringRef, err error) {
+	seg, err := shm.CreateSegment("bench-ring", shm.KindRings, ringSegSize)
 	if err != nil {
 		return nil, err
 	}
+	r = &ringRef{refPeer: refPeer{seg: seg}}
+	defer func() {
+		if err != nil {
+			seg.Close()
+		}
+	}()
+	if r.rr, err = mapRingRegions(seg); err != nil {
+		return nil, err
+	}
+	segf, err := seg.File()
+	if err != nil {
+		return nil, err
+	}
+	hubMine, hubTheirs, err := sys.UnixPair()
+	if err != nil {
+		segf.Close()
+		return nil, err
+	}
+	defer hubMine.Close()
+	if r.p, err = startPeerFiles(env, "ring", segf, hubTheirs); err != nil {
+		return nil, err
+	}
+	if ringWk, err = linkHubs(hubMine, true); err != nil {
+		r.p.close()
+		return nil, fmt.Errorf("wake hubs: %w", err)
+	}
 	return r, nil
+}
+
+func (r *ringRef) close() error {
+	if ringWk != nil {
+		ringWk.close()
+		ringWk = nil
+	}
+	return r.refPeer.close()
 }
 
 func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
@@ -374,7 +414,8 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 			return recs, fmt.Errorf("nic/%s: %w", mem, err)
 		}
 	}
-	return recs, nil
+	r, err := runUCX(ctx, env)
+	return append(recs, r...), err
 }
 
 func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem string, latSizes, bwSizes []int) (recs []Record, err error) {

@@ -23,7 +23,11 @@ func printSuiteHeader(w io.Writer, suite string) {
 func printRow(w io.Writer, r Result) {
 	cols := []string{"-", "-", "-", "-", "-", "-", "-"}
 	if r.Lat != nil {
-		cols[0], cols[1], cols[2], cols[3] = fnum(r.Lat.Min), fnum(r.Lat.P50), fnum(r.Lat.P99), fnum(r.Lat.P999)
+		for i, v := range []float64{r.Lat.Min, r.Lat.P50, r.Lat.P99, r.Lat.P999} {
+			if v > 0 { // else not measured (a peer's tool)
+				cols[i] = fnum(v)
+			}
+		}
 	}
 	if r.HasBW {
 		cols[4], cols[6] = fnum(r.BW), fnum(r.Rate)
@@ -79,6 +83,38 @@ type target struct {
 	// cross-core stream cannot beat the two-core pipeline): a miss shows
 	// ceiling/den beside it, so a reader sees when no design could pass.
 	ceiling *recordKey
+}
+
+// A peerTarget is a ratio whose denominator is the best of several peers
+// measured in the same run: the least latency (atMost) or the most
+// bandwidth. The line names the peer that was best.
+type peerTarget struct {
+	name   string
+	num    recordKey
+	peers  []recordKey
+	limit  float64
+	atMost bool
+}
+
+// peerTargets are printed after the targets; suites append theirs from
+// init.
+var peerTargets []peerTarget
+
+// best returns the best of t's peers that were measured, by find.
+func (t peerTarget) best(find func(recordKey) (float64, bool)) (recordKey, float64, bool) {
+	var best recordKey
+	var v float64
+	ok := false
+	for _, k := range t.peers {
+		x, found := find(k)
+		if !found || !(x > 0) {
+			continue
+		}
+		if !ok || (t.atMost && x < v) || (!t.atMost && x > v) {
+			best, v, ok = k, x, true
+		}
+	}
+	return best, v, ok
 }
 
 // A goal is a limit on one number of a run, in unit (bytes per KiB …).
@@ -159,6 +195,13 @@ func printTargets(w io.Writer, recs []Record, maxPreempts int64) {
 			}
 		}
 		line(t.name, fnum(num), fnum(den), num/den, t.limit, t.atMost, note)
+	}
+	for _, t := range peerTargets {
+		num, ok1 := find(t.num)
+		k, den, ok2 := t.best(find)
+		if ok1 && ok2 {
+			line(fmt.Sprintf("%s / %s (best)", t.name, k.transport), fnum(num), fnum(den), num/den, t.limit, t.atMost, "")
+		}
 	}
 	for _, g := range goals {
 		v, ok := find(g.key)
@@ -304,8 +347,11 @@ func printSideBySide(w io.Writer, recs []Record) {
 			p50, ok1 := get("conn", "pingpong", t, s, metricLatP50)
 			p99, ok2 := get("conn", "pingpong", t, s, metricLatP99)
 			c := "-"
-			if ok1 && ok2 {
-				c = us(p50) + " (" + us(p99) + ")"
+			if ok1 {
+				c = us(p50) + " (-)" // a peer's tool without a p99
+				if ok2 {
+					c = us(p50) + " (" + us(p99) + ")"
+				}
 			}
 			fmt.Fprintf(w, cell, c)
 		}

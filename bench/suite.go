@@ -164,11 +164,15 @@ func (e *Env) Report(r Result) []Record {
 	}
 	var out []Record
 	if r.Lat != nil {
-		out = append(out,
-			rec(metricLatMin, r.Lat.Min),
-			rec(metricLatP50, r.Lat.P50),
-			rec(metricLatP99, r.Lat.P99),
-			rec(metricLatP999, r.Lat.P999))
+		// A peer's tool may report only some of them (0: not measured).
+		for _, m := range []struct {
+			name string
+			v    float64
+		}{{metricLatMin, r.Lat.Min}, {metricLatP50, r.Lat.P50}, {metricLatP99, r.Lat.P99}, {metricLatP999, r.Lat.P999}} {
+			if m.v > 0 {
+				out = append(out, rec(m.name, m.v))
+			}
+		}
 	}
 	if r.HasBW {
 		out = append(out, rec(metricBW, r.BW))
