@@ -311,29 +311,39 @@ func (cq *CompletionQueue) leaveWork() {
 // goroutine that has to sleep parks in the Go scheduler
 // (shm.WaitStrategy); it never blocks a thread.
 func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, error) {
+	n, _, err := cq.WaitOutcome(out, deadline)
+	return n, err
+}
+
+// WaitOutcome is Wait that also tells how the wait ended: at the first
+// look, while spinning, or after parking.
+func (cq *CompletionQueue) WaitOutcome(out []Completion, deadline time.Time) (int, shm.Outcome, error) {
 	if n := cq.Poll(out); n > 0 || len(out) == 0 {
-		return n, nil
+		return n, shm.WaitedReady, nil
 	}
 	if cq.woken.Swap(false) {
-		return 0, nil
+		return 0, shm.WaitedReady, nil
 	}
 	cq.waitMu.Lock()
 	cq.syncWaitSet()
 	cq.look.out, cq.look.n, cq.look.inPlace = out, 0, false
 	w := cq.waiterLocked()
 	var err error
+	how := shm.WaitedReady
 	for cq.look.n == 0 && !cq.look.inPlace && err == nil && !cq.dirty.Load() && !cq.woken.Load() {
 		// A wait that ends on a look, not a poll, polls again.
-		_, err = cq.strat.Wait(&cq.look, w, deadline)
+		var o shm.Outcome
+		o, err = cq.strat.Wait(&cq.look, w, deadline)
+		how = max(how, o)
 	}
 	n := cq.look.n
 	cq.look.out = nil
 	cq.waitMu.Unlock()
 	switch {
 	case n > 0:
-		return n, nil
+		return n, how, nil
 	case cq.woken.Swap(false):
-		return 0, nil
+		return 0, how, nil
 	}
-	return 0, err // nil: the set changed; the caller looks again
+	return 0, how, err // nil: the set changed; the caller looks again
 }

@@ -97,4 +97,6 @@ func snapshotStats(emit func(group, name string, v uint64)) {
 	e("sleeps", c.Sleeps)
 	e("replies_caught", c.RepliesCaught)
 	e("spills", c.Spills)
+	e("waits_spun", c.WaitsSpun)
+	e("waits_parked", c.WaitsParked)
 }

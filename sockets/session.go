@@ -253,7 +253,14 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	var err error
 	if c.kick.Load() == k && !(dl != nil && dl.expired.Load()) {
 		c.stats.count(cSleeps, 1)
-		n, err = c.cq.Wait(comps, t)
+		var how shm.Outcome
+		n, how, err = c.cq.WaitOutcome(comps, t)
+		switch how {
+		case shm.WaitedSpun:
+			c.stats.count(cWaitsSpun, 1)
+		case shm.WaitedSlept:
+			c.stats.count(cWaitsParked, 1)
+		}
 	}
 	c.mu.Lock()
 	c.sleeping = false

@@ -48,7 +48,9 @@ type Counters struct {
 	Resets         uint64 // connections the peer reset or lost
 	Doorbells      uint64 // self wake-ups of a sleeping poller
 	Registers      uint64 // nic registrations made
-	Sleeps         uint64 // times a poller slept on the completion queue
+	Sleeps         uint64 // times a poller waited on the completion queue (WaitsSpun and WaitsParked of them did not find it at once)
+	WaitsSpun      uint64 // of Sleeps: waits that ended while spinning
+	WaitsParked    uint64 // of Sleeps: waits that parked (the goroutine slept until woken)
 	RepliesCaught  uint64 // block mode: waits whose answer came within Config.ReplyWait
 	Spills         uint64 // unread messages moved out of the ring to let a control message behind them go back
 }
@@ -90,6 +92,8 @@ const (
 	cDoorbells
 	cRegisters
 	cSleeps
+	cWaitsSpun
+	cWaitsParked
 	cRepliesCaught
 	cSpills
 	nCounters
@@ -163,6 +167,6 @@ func (s *stats) snapshot() Counters {
 		MsgsSent: v(cMsgsSent), MsgsReceived: v(cMsgsReceived), CreditMsgs: v(cCreditMsgs),
 		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
 		Aborts: v(cAborts), Resets: v(cResets), Doorbells: v(cDoorbells), Registers: v(cRegisters),
-		Sleeps: v(cSleeps), RepliesCaught: v(cRepliesCaught), Spills: v(cSpills),
+		Sleeps: v(cSleeps), WaitsSpun: v(cWaitsSpun), WaitsParked: v(cWaitsParked), RepliesCaught: v(cRepliesCaught), Spills: v(cSpills),
 	}
 }
