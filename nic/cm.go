@@ -410,7 +410,7 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 
 // newQP maps the queue pair segment, the peer's registration table and
 // its wake hub (taking ownership of the fds: queue pair segment,
-// registration table, hub table, hub eventfd) and attaches to the rings.
+// registration table, hub table, hub pipe) and attaches to the rings.
 func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, fds [4]int, capacity int) (*QueuePair, error) {
 	qpFd, tableFd := fds[0], fds[1]
 	note, err := importNotifier(fds[2], fds[3])

@@ -137,7 +137,7 @@ func importedSegments() int {
 
 // Peers' wake hubs are opened once per process too, keyed by the hub
 // table's file: every queue pair to a peer device passes the same hub.
-// The eventfd that comes with a table already open is closed unused.
+// The pipe that comes with a table already open is closed unused.
 var notifiers struct {
 	mu    sync.Mutex
 	byKey map[shm.FileID]*importedNotifier
@@ -150,7 +150,7 @@ type importedNotifier struct {
 	refs int
 }
 
-// importNotifier opens the peer's hub from its table and eventfd, or takes
+// importNotifier opens the peer's hub from its table and pipe, or takes
 // another reference to the one opened before. It takes ownership of both
 // fds.
 func importNotifier(table, event int) (*shm.Notifier, error) {

@@ -17,22 +17,27 @@ import (
 // A Hub is how goroutines of this process sleep until a peer process, or
 // code of this process, wakes them, without holding an OS thread: each
 // waiting goroutine parks on a Go channel (a Waiter), and one dispatcher
-// goroutine per hub parks in the runtime's netpoller on an eventfd. A
-// peer wakes a waiter by its slot number: it marks the slot in the hub's
-// shared table and signals the eventfd only when the dispatcher announced
+// goroutine per hub parks in the runtime's netpoller on a pipe. A peer
+// wakes a waiter by its slot number: it marks the slot in the hub's shared
+// table and writes a byte to the pipe only when the dispatcher announced
 // that it is parked (Notifier.Notify); the dispatcher then readies every
 // marked slot's goroutine, which runs on the dispatcher's thread next. So a
-// process holds one eventfd for any number of waiting goroutines, a peer
-// holds one descriptor per hub it wakes, and a wake-up costs one eventfd
-// write, one read and a goroutine switch — about what one netpoller wake-up
-// of a socket costs, without a thread per waiter (a futex wait holds one).
+// process holds one pipe for any number of waiting goroutines, a peer
+// holds one descriptor per hub it wakes, and a wake-up costs a write, a
+// read and a goroutine switch — about what one netpoller wake-up of a
+// socket costs, without a thread per waiter (a futex wait holds one). A
+// pipe, not an eventfd: a pipe's writer wakes its reader as a synchronous
+// wake-up, which lets the kernel run the reader on the writer's CPU as it
+// does for a socket's; an eventfd wakes it where it slept, behind an
+// inter-processor interrupt.
 //
 // A Hub is safe for concurrent use.
 type Hub struct {
 	seg  *Segment
-	file *os.File // the eventfd, in the netpoller
+	file *os.File // the pipe's read end, in the netpoller
 	rc   syscall.RawConn
-	efd  int
+	rfd  int // the pipe's read end (file's)
+	wfd  int // its write end: this process's, and the peers' copies
 	bell *uint32
 	sum  unsafe.Pointer // hubSlots/4096 summary words
 	pend unsafe.Pointer // hubSlots/64 pending words
@@ -56,30 +61,31 @@ func NewHub() (*Hub, error) {
 	store32(word32(mem, hubSlotsOff), hubSlots)
 	store32(word32(mem, hubVersionOff), hubVersion)
 	store32(word32(mem, hubMagicOff), hubMagic)
-	efd, err := sys.Eventfd()
+	rfd, wfd, err := sys.Pipe()
 	if err != nil {
 		seg.Close()
-		return nil, fmt.Errorf("shm: wake hub: eventfd: %w", err)
+		return nil, fmt.Errorf("shm: wake hub: pipe: %w", err)
 	}
-	h := &Hub{seg: seg, efd: efd, done: make(chan struct{})}
-	// The eventfd is non-blocking, so os.NewFile puts it in the netpoller.
-	h.file = os.NewFile(uintptr(efd), "sandirect-wake")
+	h := &Hub{seg: seg, rfd: rfd, wfd: wfd, done: make(chan struct{})}
+	// The pipe is non-blocking, so os.NewFile puts it in the netpoller.
+	h.file = os.NewFile(uintptr(rfd), "sandirect-wake")
 	if h.rc, err = h.file.SyscallConn(); err != nil {
 		h.file.Close()
+		sys.Close(wfd)
 		seg.Close()
 		return nil, fmt.Errorf("shm: wake hub: %w", err)
 	}
 	h.bell = word32(mem, hubBellOff)
 	h.sum = unsafe.Pointer(&mem[hubSummaryOff])
 	h.pend = unsafe.Pointer(&mem[hubPendingOff])
-	h.self = &Notifier{bell: h.bell, sum: h.sum, pend: h.pend, fd: efd, local: h}
+	h.self = &Notifier{bell: h.bell, sum: h.sum, pend: h.pend, fd: wfd, local: h}
 	go h.dispatch()
 	return h, nil
 }
 
-// Fds returns the hub table's memfd and the eventfd, to pass to a peer
-// (OpenNotifier there). They stay owned by the hub.
-func (h *Hub) Fds() (table, event int) { return h.seg.Fd(), h.efd }
+// Fds returns the hub table's memfd and the pipe's write end, to pass to
+// a peer (OpenNotifier there). They stay owned by the hub.
+func (h *Hub) Fds() (table, event int) { return h.seg.Fd(), h.wfd }
 
 // Notifier returns a Notifier of this hub for wakers in this process.
 func (h *Hub) Notifier() *Notifier { return h.self }
@@ -90,6 +96,7 @@ func (h *Hub) Close() error {
 	h.once.Do(func() {
 		h.file.Close() // ends the dispatcher's read
 		<-h.done
+		sys.Close(h.wfd)
 		h.seg.Close()
 	})
 	return nil
@@ -115,19 +122,22 @@ func (h *Hub) NewWaiter() (*Waiter, error) {
 }
 
 // dispatch readies the waiters whose slots peers marked; it parks on the
-// eventfd when there are none.
+// pipe when there are none.
 func (h *Hub) dispatch() {
 	defer close(h.done)
 	for {
-		store32(h.bell, 1) // announces: wakers signal the eventfd from now on
+		store32(h.bell, 1) // announces: wakers signal the pipe from now on
 		if h.scan() {
+			// The signals that brought us here go, once their waiters
+			// are on their way (a signal is written only when we
+			// announced, so the pipe holds a byte or two).
+			sys.PipeDrain(h.rfd)
 			continue
 		}
 		// Park unless a waker marked a slot since the scan: its signal
 		// may have come before the read began, when the poller forgets
-		// readiness, but its marks are there. The eventfd is not drained:
-		// every signal makes an edge for the poller whatever the count,
-		// and a read would only add a system call to every wake-up.
+		// readiness, but its marks are there. Every write to the pipe
+		// makes an edge for the poller, read or not.
 		parked := false
 		err := h.rc.Read(func(uintptr) bool {
 			if parked || h.pending() {
@@ -192,12 +202,13 @@ type Notifier struct {
 	fd   int
 	seg  *Segment // the peer's table; nil for a hub of this process
 	// local is the hub, when it is this process's: its waiters are woken
-	// directly, without the table and the eventfd.
+	// directly, without the table and the pipe.
 	local *Hub
 }
 
 // OpenNotifier maps a peer's hub from the two descriptors its Fds
-// returned, and checks the table. It takes ownership of both fds.
+// returned (the table and the pipe's write end), and checks the table. It
+// takes ownership of both fds.
 func OpenNotifier(table, event int) (*Notifier, error) {
 	seg, err := OpenSegmentLazy(table, KindWake, hubSegmentSize)
 	if err != nil {
@@ -236,7 +247,7 @@ func (n *Notifier) Notify(slot uint32) {
 	or64(at(n.pend, uint64(slot/64)*8), 1<<(slot%64))
 	or64(at(n.sum, uint64(slot/4096)*8), 1<<(slot/64%64))
 	if load32(n.bell) != 0 && swap32(n.bell, 0) != 0 {
-		sys.EventfdSignal(n.fd)
+		sys.PipeSignal(n.fd)
 	}
 }
 

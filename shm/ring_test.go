@@ -1,11 +1,13 @@
 package shm
 
 import (
+	"fmt"
 	"bytes"
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"sync"
 	"testing"
 	"time"
@@ -387,6 +389,8 @@ func TestNoLostWakeup(t *testing.T) {
 				case <-progress:
 				case <-time.After(20 * time.Second):
 					err := errors.New("no progress for 20s: lost wake-up")
+					pprof.Lookup("goroutine").WriteTo(os.Stderr, 2) // where each side waits
+					fmt.Fprintf(os.Stderr, "hub: %s\nproducer waiter %+v\nconsumer waiter %+v\npBell %d cBell %d\n", p.waiter.hub.debugState(), p.waiter.debugState(), c.waiter.debugState(), load32(p.pBell), load32(c.cBell))
 					p.Fail(err)
 					c.Fail(err)
 					<-finished

@@ -224,4 +224,7 @@ func UffdUnregister(int, uintptr, uintptr) error        { return unsupported("us
 func UffdRead(int, []UffdMsg) (int, error)              { return 0, unsupported("userfaultfd") }
 func Eventfd() (int, error)                             { return -1, unsupported("eventfd") }
 func EventfdSignal(int) error                           { return unsupported("eventfd") }
+func Pipe() (int, int, error)                           { return -1, -1, unsupported("pipe2") }
+func PipeSignal(int) error                              { return unsupported("pipe2") }
+func PipeDrain(int)                                     {}
 func PollIn(int, int) (int, int, error)                 { return 0, 0, unsupported("poll") }

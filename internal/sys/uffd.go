@@ -123,15 +123,35 @@ func EventfdSignal(fd int) error {
 	return err
 }
 
-// EventfdDrain reads an eventfd's count and resets it to zero. On a
-// non-blocking eventfd whose count is zero it returns EAGAIN.
-func EventfdDrain(fd int) (uint64, error) {
-	var b [8]byte
-	if _, err := unix.Read(fd, b[:]); err != nil {
-		return 0, err
+// Pipe opens a non-blocking, close-on-exec pipe: the read end, then the
+// write end.
+func Pipe() (r, w int, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		return -1, -1, err
 	}
-	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56, nil
+	return p[0], p[1], nil
+}
+
+// PipeSignal writes one byte to the write end of a pipe. A full pipe
+// (EAGAIN) is readable already: the signal is not needed.
+func PipeSignal(fd int) error {
+	one := [1]byte{1}
+	_, err := unix.Write(fd, one[:])
+	if err == unix.EAGAIN {
+		return nil
+	}
+	return err
+}
+
+// PipeDrain reads what a non-blocking pipe holds, without waiting.
+func PipeDrain(fd int) {
+	var b [256]byte
+	for {
+		if n, err := unix.Read(fd, b[:]); err != nil || n < len(b) {
+			return
+		}
+	}
 }
 
 // Poll readiness results of PollIn.
