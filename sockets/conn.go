@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -37,6 +38,11 @@ type Conn struct {
 	kick     atomic.Uint32 // bumped when a waiting poller must look up
 	tornDown chan struct{} // closed when teardown has released everything
 	tearOnce sync.Once
+
+	// Bytes the Read (Write) in progress has delivered (accepted) so far,
+	// for the error of a fault in its buffer (fault.go); guarded by rmu
+	// (wmu).
+	readN, writeN int
 
 	mu sync.Mutex // guards everything below
 	session
@@ -365,14 +371,15 @@ func (c *Conn) Close() error {
 }
 
 // read is Read without the error wrapping; the caller holds rmu.
-func (c *Conn) read(b []byte) (int, error) {
+func (c *Conn) read(b []byte) (n int, err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	defer c.ensurePumpLocked()
-	// One return here keeps the defers open-coded: with readLoopLocked's
-	// many returns they were stack-allocated records, run through the
+	c.readN = 0
+	// One return here keeps the defer open-coded: with readLoopLocked's
+	// many returns it was a stack-allocated record, run through the
 	// runtime's defer machinery on every Read (5% of a 64 B round trip's
-	// software, BenchmarkSoftwarePath).
+	// software, BenchmarkSoftwarePath). It also ends the region in which
+	// a fault of b's memory is recovered (fault.go).
+	defer c.endRead(b, debug.SetPanicOnFault(true), &n, &err)
 	return c.readLoopLocked(b)
 }
 
@@ -441,17 +448,16 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 }
 
 // write is Write without the error wrapping; the caller holds wmu.
-func (c *Conn) write(b []byte) (int, error) {
+func (c *Conn) write(b []byte) (n int, err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	defer c.ensurePumpLocked()
+	c.writeN = 0
+	defer c.endWrite(b, debug.SetPanicOnFault(true), &n, &err) // fault.go
 	if err := c.writableLocked(); err != nil {
 		return 0, err
 	}
 	if c.wdl.expired.Load() {
 		return 0, os.ErrDeadlineExceeded
 	}
-	n := 0
 	large := len(b) > c.cfg.EagerThreshold
 	if large {
 		// What the source choice learns from: is this the buffer of the
@@ -462,7 +468,7 @@ func (c *Conn) write(b []byte) (int, error) {
 	}
 	for n < len(b) {
 		var m int
-		var err error
+		c.writeN = n
 		if rest := b[n:]; !large || len(rest) <= c.maxPayload {
 			m, err = c.sendDataLocked(rest)
 		} else {

@@ -170,11 +170,17 @@ func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, er
 		}
 		c.stats.count(cRegisters, 1)
 		c.mu.Unlock()
-		x.nt, x.copyD = c.dev.pieces.copy(t[:len(body)], body)
+		x.nt, x.copyD, err = c.dev.pieces.copy(t[:len(body)], body)
+		c.mu.Lock()
+		if err != nil {
+			// The application's buffer faulted: nothing was sent.
+			c.dev.nic.Deregister(mr)
+			c.dev.putTemp(t)
+			return err
+		}
 		if x.nt {
 			c.stats.count(cBytesCopiedNT, uint64(len(body)))
 		}
-		c.mu.Lock()
 		x.src, x.temp, x.mr = t[:len(body)], t, mr
 		return nil
 	}
@@ -258,7 +264,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		return 0, err
 	}
 	x, err := c.prepareSourceLocked(body[:size], copyMode, read)
-	for retried := false; err != nil && !retried && c.copyInFlight > 0; retried = true {
+	for retried := false; errors.Is(err, syscall.ENOBUFS) && !retried && c.copyInFlight > 0; retried = true {
 		// Our own copies hold the resources: wait for the peer to take
 		// them, then try once more.
 		for c.copyInFlight > 0 {
@@ -273,7 +279,9 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		x, err = c.prepareSourceLocked(body[:size], copyMode, read)
 	}
 	if err != nil {
-		c.stats.count(cENOBUFS, 1)
+		if errors.Is(err, syscall.ENOBUFS) {
+			c.stats.count(cENOBUFS, 1)
+		}
 		return 0, err
 	}
 	// The copy released mu: look again.
@@ -297,8 +305,10 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		h.SetAddr(uint64(x.mr.Addr))
 		h.SetRKey(x.mr.RKey)
 	}
-	if err := c.sendLocked(&h, b[:inline]); err != nil {
+	hook(stepSourceReady)
+	if err := c.sendGuardedLocked(&h, b[:inline], "write"); err != nil {
 		c.releaseSourceLocked(x)
+		c.nextTx-- // no rts went out
 		return 0, err
 	}
 	if x.copyD > 0 {
@@ -354,6 +364,7 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 			c.abortLocked(&abortError{err: errors.New("write deadline passed during a zero-copy transfer")})
 		}
 		if err != nil {
+			err = c.blameSourceLocked(x, err)
 			c.abandonTxLocked(x)
 			return inline, err
 		}
@@ -489,7 +500,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 			continue
 		}
 		if x.werr != nil {
-			return inline + int(x.off), x.werr
+			return inline + int(x.off), c.blameSourceLocked(x, x.werr)
 		}
 		if x.cts && c.err == nil && !c.qpDead && !c.closed {
 			c.serveCTSLocked(x, 0, stepBeforeWrite, stepBeforeWriteDone)
@@ -512,7 +523,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 				c.lastCancelled = x.id + 1
 				c.stats.count(cCancels, 1)
 			}
-			return inline + int(x.off), err
+			return inline + int(x.off), c.blameSourceLocked(x, err)
 		}
 		c.waitLocked(&c.wdl, true)
 	}
@@ -742,6 +753,7 @@ func (c *Conn) popRxLocked() {
 // n and whether the caller must wait for progress to get more.
 func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 	for n < len(b) {
+		c.readN = n // what a fault in the copies below leaves delivered (fault.go)
 		if len(c.staged) > 0 {
 			k := copy(b[n:], c.staged)
 			c.staged = c.staged[k:]
@@ -754,17 +766,21 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 		}
 		if c.rd.active {
 			op := &c.rd
+			var sink []byte // the Read's own buffer, to blame if it faults
+			if op.direct {
+				sink = b[n : n+int(op.n)]
+			}
 			if !op.done && !op.cancelled {
 				if (!op.read || op.split && op.readDone) && (c.err != nil || c.closed || c.qpDead) {
 					// The sender will not serve our sink any more.
 					err := c.abandonRecvLocked()
-					return n, false, err
+					return n, false, c.blameLocked(sink, "read", err)
 				}
 				return n, true, nil
 			}
 			k, err := c.finishRecvLocked()
 			if err != nil {
-				return n, false, err
+				return n, false, c.blameLocked(sink, "read", err)
 			}
 			n += k
 			continue
@@ -899,6 +915,9 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	// first read every line of it in.
 	nt := e.read && direct && len(dst) >= ntReadMin
 	c.rd = recvOp{active: true, direct: direct, nt: nt, read: e.read, id: e.id, off: e.off, n: uint32(len(buf)), mr: mr}
+	if direct {
+		hook(stepSinkReady)
+	}
 	local := buf
 	if split {
 		local = c.splitLocked(e, buf, mr)
@@ -915,6 +934,10 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 			c.rd = recvOp{}
 			c.dev.nic.Deregister(mr)
 			c.qpFailedLocked(err)
+			if direct {
+				// A split's tail may have failed the queue pair.
+				return c.blameLocked(buf, "read", c.writableLocked())
+			}
 			return c.writableLocked()
 		}
 		c.stats.count(cRDMAReads, 1)

@@ -312,12 +312,14 @@ func (c *Conn) canSendLocked(k class) bool {
 // caller checked canSendLocked. It fills in the ack.
 func (c *Conn) sendLocked(h *header, payload []byte) error {
 	i := c.sendFree[len(c.sendFree)-1]
-	c.sendFree = c.sendFree[:len(c.sendFree)-1]
 	buf := c.sendBufs[i]
 	h.SetAck(c.consumed)
 	h.SetLen(uint32(len(payload)))
 	copy(buf, h[:])
+	// The payload may be application memory that faults (fault.go): take
+	// the buffer only once it is copied.
 	n := headerSize + copy(buf[headerSize:], payload)
+	c.sendFree = c.sendFree[:len(c.sendFree)-1]
 	wr := nic.SendWR{ID: wrSend | uint64(i), Op: nic.OpSend, Local: buf[:n], LKey: c.pool.mr.LKey}
 	// A message the nic copies at post time needs no completion: the
 	// buffer is free again at once (verbs' inline, unsignaled sends). A
@@ -675,7 +677,7 @@ func (c *Conn) qpFailedLocked(reason error) {
 			return
 		}
 		if !c.peerFin {
-			c.resetLocked(&resetError{reason: "peer gone"})
+			c.resetLocked(&resetError{reason: goneReason(reason)})
 			return
 		}
 		// After a fin, reads end with EOF; writes fail.
