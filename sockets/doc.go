@@ -68,4 +68,31 @@
 // an error matching syscall.ENOBUFS when registration or temporary memory
 // failed: the bytes accepted so far are counted, nothing is lost, and the
 // connection stays usable.
+//
+// # Application memory that faults
+//
+// A Read or Write whose buffer is unmapped (in part) under it fails with
+// an error matching syscall.EFAULT that names the application's buffer;
+// the process, and its other connections, carry on. It returns the bytes
+// it accepted or delivered before the fault, exactly. What happens to the
+// connection depends on who was copying:
+//
+//   - The switch itself — a small write's messages, the part of a large
+//     write that travels inside its rts, pieces copied into temporary
+//     memory, and every copy out to a Read's buffer (of small messages and
+//     of the staging buffer): nothing of the faulting part was sent or
+//     consumed, so the connection stays usable. The bytes not written can
+//     be written again from good memory; the bytes not read are still
+//     there for the next Read.
+//   - The nic, by RDMA — a zero-copy source (which the peer RDMA-Reads, or
+//     we RDMA-Write into the peer's sink), a large Read's own buffer (which
+//     we RDMA-Read into, or the peer RDMA-Writes into), and both halves of
+//     a split transfer: a failed work request puts the queue pair into the
+//     error state, as verbs do, and part of the transfer may have landed.
+//     The connection is aborted with the fault as its reason: the call and
+//     every later one return it, and the peer sees a reset that names the
+//     RDMA operation that failed.
+//
+// A buffer that is already unmapped when the call registers it cannot be
+// pinned, so it is copied or staged instead: the first case.
 package sockets
