@@ -127,6 +127,7 @@ type session struct {
 	// none before this; and the last source and Read buffer found in huge
 	// pages (sys.CollapseHuge need not be asked again).
 	noSplitUntil     time.Time
+	eagerUntil       time.Time // large writes go as small messages until then (lowmem.go)
 	hugeSrc, hugeDst span
 	lastRead         span // the last direct Read's buffer (splitsLocked)
 

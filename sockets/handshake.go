@@ -49,6 +49,9 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	if c.bellMR, err = d.doorbell(); err != nil {
 		return fail(err)
 	}
+	if err = d.checkStaging(); err != nil { // lowmem.go
+		return fail(err)
+	}
 	recv, send := c.pool.buf[:W*B], c.pool.buf[W*B:]
 	for i := 0; i < W; i++ {
 		c.recvBufs = append(c.recvBufs, recv[i*B:(i+1)*B:(i+1)*B])

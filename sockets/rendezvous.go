@@ -163,11 +163,13 @@ func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, er
 			return err
 		}
 		// Temporary memory is the device's, reused by every connection.
-		mr, err := c.dev.register(nic.NoOwner, t[:len(body)], access)
+		// Short of locked memory, a shorter piece (lowmem.go).
+		mr, n, err := c.dev.registerPrefix(nic.NoOwner, t[:len(body)], access)
 		if err != nil {
 			c.dev.putTemp(t)
 			return err
 		}
+		body, x.size = body[:n], uint32(n)
 		c.stats.count(cRegisters, 1)
 		c.mu.Unlock()
 		x.nt, x.copyD, err = c.dev.pieces.copy(t[:len(body)], body)
@@ -187,6 +189,11 @@ func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, er
 	err := try(copyMode)
 	if err != nil && errors.Is(err, syscall.ENOBUFS) {
 		c.stats.count(cFallbacks, 1)
+		if !copyMode {
+			// Copied in pieces, as a chosen copy is (lowmem.go).
+			body = body[:min(len(body), copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight))]
+			x.size = uint32(len(body))
+		}
 		err = try(!copyMode)
 	}
 	if err != nil {
@@ -235,6 +242,9 @@ func copyChunk(rest, chunk, inFlight int) int {
 // read rendezvous (the peer RDMA-Reads our source) or the write
 // rendezvous (we RDMA-Write into the sinks the peer gives us).
 func (c *Conn) sendLargeLocked(b []byte) (int, error) {
+	if time.Now().Before(c.eagerUntil) {
+		return c.sendEagerLocked(b[:min(len(b), c.cfg.CopyChunk)]) // lowmem.go
+	}
 	inline := c.maxPayload
 	body := b[inline:]
 	read := c.peerRead
@@ -278,10 +288,13 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		}
 		x, err = c.prepareSourceLocked(body[:size], copyMode, read)
 	}
+	if errors.Is(err, syscall.ENOBUFS) {
+		// Nothing could be registered: small messages need nothing new.
+		c.stats.count(cFallbacks, 1)
+		c.eagerUntil = time.Now().Add(eagerAfterNoBufs)
+		return c.sendEagerLocked(b[:min(len(b), c.cfg.CopyChunk)])
+	}
 	if err != nil {
-		if errors.Is(err, syscall.ENOBUFS) {
-			c.stats.count(cENOBUFS, 1)
-		}
 		return 0, err
 	}
 	// The copy released mu: look again.
@@ -903,11 +916,13 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 				return err
 			}
 		}
-		buf = c.stage[:min(rem, uint32(len(c.stage)))]
-		if mr, err = c.dev.register(nic.NoOwner, buf, access); err != nil {
+		// Short of locked memory, a shorter piece (lowmem.go).
+		var n int
+		if mr, n, err = c.dev.registerPrefix(nic.NoOwner, c.stage[:min(rem, uint32(len(c.stage)))], access); err != nil {
 			c.releaseStageLocked()
 			return err
 		}
+		buf = c.stage[:n]
 	}
 	c.stats.count(cRegisters, 1)
 	// A Read into a very large buffer: what lands first leaves the caches

@@ -1,0 +1,92 @@
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/nic"
+)
+
+// Locked memory is a budget (RLIMIT_MEMLOCK, 8 MiB by default for an
+// unprivileged user, or Config.MaxPinnedBytes), and a failure to pin is a
+// reason to take a path that pins less, never to fail a call:
+//
+//   - a zero-copy source that cannot be pinned is copied, in CopyChunk
+//     pieces as a chosen copy is;
+//   - temporary memory that cannot be registered whole is registered in
+//     smaller pieces, down to one page: a copied write's pieces, and a
+//     Read's staging buffer (a Read whose own buffer cannot be pinned
+//     takes its data through staging);
+//   - a write for which not even a page can be registered goes as small
+//     messages, in the control buffers, which are pinned already
+//     (eagerAfterNoBufs).
+//
+// A connection needs its control buffers and the doorbell (52 KiB with
+// the default Config) plus one page that it can stage received data in:
+// newConn checks the page, so that Dial and Accept fail with ENOBUFS
+// below that, not every Read later.
+
+// eagerAfterNoBufs is how long large writes go as small messages after
+// one could register nothing: trying again costs a pinning attempt (and
+// the registration cache's eviction of everything unused) per write.
+const eagerAfterNoBufs = 100 * time.Millisecond
+
+// registerPrefix registers buf, or failing that for lack of resources the
+// longest prefix of it, halving down to one page, that can be registered.
+// It returns the region and its length.
+func (d *device) registerPrefix(owner nic.Owner, buf []byte, access nic.Access) (*nic.MemoryRegion, int, error) {
+	n := len(buf)
+	for {
+		mr, err := d.register(owner, buf[:n], access)
+		if err == nil {
+			return mr, n, nil
+		}
+		if !errors.Is(err, syscall.ENOBUFS) || n <= sys.PageSize {
+			return nil, 0, err
+		}
+		n = max(n/2&^(sys.PageSize-1), sys.PageSize)
+	}
+}
+
+// checkStaging makes sure that a page of temporary memory can be pinned:
+// where none can, no rendezvous byte could ever be received. (Pinned
+// only, not registered: a full registration table is another matter,
+// which a write outlives by the eager path.) The page stays pinned in
+// the registration cache for the next staging.
+func (d *device) checkStaging() error {
+	cache := d.nic.Cache()
+	if cache == nil {
+		return nil // nothing is pinned
+	}
+	t, err := d.getTemp(sys.PageSize)
+	if err != nil {
+		return err
+	}
+	defer d.putTemp(t)
+	h, err := cache.Register(t[:sys.PageSize], 0)
+	if err != nil {
+		return enobufs(fmt.Sprintf("no page of locked memory left to receive into after the control buffers (%d bytes; see RLIMIT_MEMLOCK)", d.ctlHeld()), err)
+	}
+	cache.Deregister(h)
+	return nil
+}
+
+// sendEagerLocked sends b as data messages: a large write's path when
+// nothing can be registered. It returns the bytes sent.
+func (c *Conn) sendEagerLocked(b []byte) (int, error) {
+	base := c.writeN // for a fault (fault.go)
+	defer func() { c.writeN = base }()
+	n := 0
+	for n < len(b) {
+		c.writeN = base + n
+		m, err := c.sendDataLocked(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
