@@ -285,8 +285,9 @@ func (c *Conn) opErr(op string, err error) error {
 
 // Read reads stream bytes into b. It returns io.EOF after the peer's
 // graceful close, os.ErrDeadlineExceeded (wrapped) when the read deadline
-// passes, net.ErrClosed after Close, and an error matching
-// syscall.ECONNRESET when the peer reset the connection.
+// passes, net.ErrClosed after Close, an error matching
+// syscall.ECONNRESET when the peer reset the connection, and one matching
+// syscall.EFAULT after the bytes delivered when b's memory faulted.
 func (c *Conn) Read(b []byte) (int, error) {
 	c.rmu.Lock()
 	n, err := c.read(b)
@@ -299,9 +300,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 }
 
 // Write writes b. Small writes travel inside control messages, large ones
-// by rendezvous. When registration or temporary memory fails it returns
-// the bytes accepted so far and an error matching syscall.ENOBUFS; the
-// connection stays usable.
+// by rendezvous; short of locked memory, registrations or temporary
+// memory, by a path that needs less (see the package documentation). A
+// fault of b's memory returns the bytes accepted before it and an error
+// matching syscall.EFAULT.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	n, err := c.write(b)

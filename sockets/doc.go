@@ -64,10 +64,29 @@
 // io.EOF (unwrapped) after the peer's graceful close; an error matching
 // syscall.ECONNRESET when the peer reset the connection or vanished;
 // ErrProtocol when the peer broke the protocol and this side aborted the
-// connection; syscall.EPIPE for a Write after CloseWrite; and, from Write,
-// an error matching syscall.ENOBUFS when registration or temporary memory
-// failed: the bytes accepted so far are counted, nothing is lost, and the
-// connection stays usable.
+// connection; syscall.EPIPE for a Write after CloseWrite; and
+// syscall.EFAULT when the application's buffer faulted (below).
+//
+// # Locked memory
+//
+// Registration pins memory (mlock), within RLIMIT_MEMLOCK (8 MiB for an
+// unprivileged user on Debian) or Config.MaxPinnedBytes. Short of it, or
+// of registrations or temporary memory, neither side fails, and neither
+// loses or repeats a byte: both take a path that needs less, slower but
+// never stuck. A Write whose source cannot be pinned copies it; pieces of
+// temporary memory that cannot be registered whole go shorter, down to a
+// page; a Write that can register nothing at all goes as small messages
+// in the control buffers, pinned already. A Read whose buffer cannot be
+// pinned receives through staging, and staging that cannot be registered
+// whole goes in shorter pieces, down to a page. Counters.Fallbacks counts
+// these. A connection needs its control buffers and the doorbell (with
+// the default Config, 12 buffers of 4 KiB and a page: 52 KiB) and one page
+// to stage received data in: 56 KiB of RLIMIT_MEMLOCK is the least that
+// carries data, and below it Dial and Accept fail with an error matching
+// syscall.ENOBUFS. A Read fails with ENOBUFS only if, later, not one page
+// of staging can be had (the process's other connections hold all of
+// it); like the send side's ENOBUFS from AllocBuffer, it loses nothing,
+// and the connection stays usable: the next Read tries again.
 //
 // # Application memory that faults
 //
