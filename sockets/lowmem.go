@@ -15,7 +15,9 @@ import (
 // reason to take a path that pins less, never to fail a call:
 //
 //   - a zero-copy source that cannot be pinned is copied, in CopyChunk
-//     pieces as a chosen copy is;
+//     pieces as a chosen copy is, and one larger than half the budget
+//     is copied without trying (pinnable); a Read buffer as well is
+//     staged;
 //   - temporary memory that cannot be registered whole is registered in
 //     smaller pieces, down to one page: a copied write's pieces, and a
 //     Read's staging buffer (a Read whose own buffer cannot be pinned
@@ -28,6 +30,16 @@ import (
 // the default Config) plus one page that it can stage received data in:
 // newConn checks the page, so that Dial and Accept fail with ENOBUFS
 // below that, not every Read later.
+
+// pinnable tells whether n bytes may be pinned in place: at most half the
+// pinning budget. A larger registration fails, or takes the room of the
+// temporary memory and other connections' buffers, which the registration
+// cache evicts to make room (and pins again next time): such a source is
+// copied, such a Read buffer staged, without trying.
+func (d *device) pinnable(n int) bool {
+	cache := d.nic.Cache()
+	return cache == nil || int64(n) <= cache.Config().MaxPinnedBytes/2
+}
 
 // eagerAfterNoBufs is how long large writes go as small messages after
 // one could register nothing: trying again costs a pinning attempt (and

@@ -75,6 +75,9 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 // the peer has taken the data).
 func (c *Conn) chooseCopyLocked(body []byte, split bool) bool {
 	n := len(body)
+	if !c.dev.pinnable(n) {
+		return true // lowmem.go
+	}
 	switch c.cfg.ZeroCopy {
 	case ZeroCopyAlways:
 		return false
@@ -463,6 +466,8 @@ func (c *Conn) splitOfferLocked(b []byte) bool {
 		return false
 	case c.sharedSource(b):
 		return false // the peer maps it: one copy already
+	case !c.dev.pinnable(len(b)):
+		return false // copied (lowmem.go)
 	}
 	return c.hugeLocked(&c.hugeSrc, b, true)
 }
@@ -882,7 +887,7 @@ func (c *Conn) tidyRxLocked() {
 // otherwise into the staging buffer.
 func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	rem := e.size - e.off
-	direct := len(dst) >= c.cfg.DirectRead || uint32(len(dst)) >= rem
+	direct := (len(dst) >= c.cfg.DirectRead || uint32(len(dst)) >= rem) && c.dev.pinnable(int(min(uint32(len(dst)), rem)))
 	if !e.read && c.rdl.isSet.Load() {
 		// A direct sink must be served before Read returns; with a
 		// deadline, use the staging buffer, which may be left behind.
