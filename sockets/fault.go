@@ -197,3 +197,12 @@ func (c *Conn) blameSourceLocked(x *txfer, err error) error {
 	}
 	return c.blameLocked(x.src, "write", err)
 }
+
+// sinkLocked is the part of dst, the rest of a Read's buffer, that the
+// receive in progress writes directly, or nil.
+func (c *Conn) sinkLocked(dst []byte) []byte {
+	if !c.rd.active || !c.rd.direct {
+		return nil
+	}
+	return dst[:c.rd.n]
+}

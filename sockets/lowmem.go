@@ -102,3 +102,29 @@ func (c *Conn) sendEagerLocked(b []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// noBufsLocked is sendLargeLocked's way when nothing could be registered
+// for b: small messages, which need nothing new, for a while.
+func (c *Conn) noBufsLocked(b []byte) (int, error) {
+	c.stats.count(cFallbacks, 1)
+	c.eagerUntil = time.Now().Add(eagerAfterNoBufs)
+	return c.sendEagerLocked(b[:min(len(b), c.cfg.CopyChunk)])
+}
+
+// stageLocked registers the staging buffer, taking one if there is none,
+// for the next rem bytes of a transfer: as much of it as it can (shorter
+// pieces short of locked memory).
+func (c *Conn) stageLocked(rem uint32, access nic.Access) ([]byte, *nic.MemoryRegion, error) {
+	if c.stage == nil {
+		var err error
+		if c.stage, err = c.dev.getTemp(int(min(rem, uint32(c.cfg.StagingSize)))); err != nil {
+			return nil, nil, err
+		}
+	}
+	mr, n, err := c.dev.registerPrefix(nic.NoOwner, c.stage[:min(rem, uint32(len(c.stage)))], access)
+	if err != nil {
+		c.releaseStageLocked()
+		return nil, nil, err
+	}
+	return c.stage[:n], mr, nil
+}

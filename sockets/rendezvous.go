@@ -76,7 +76,8 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 func (c *Conn) chooseCopyLocked(body []byte, split bool) bool {
 	n := len(body)
 	if !c.dev.pinnable(n) {
-		return true // lowmem.go
+		c.stats.count(cFallbacks, 1) // lowmem.go
+		return true
 	}
 	switch c.cfg.ZeroCopy {
 	case ZeroCopyAlways:
@@ -292,10 +293,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		x, err = c.prepareSourceLocked(body[:size], copyMode, read)
 	}
 	if errors.Is(err, syscall.ENOBUFS) {
-		// Nothing could be registered: small messages need nothing new.
-		c.stats.count(cFallbacks, 1)
-		c.eagerUntil = time.Now().Add(eagerAfterNoBufs)
-		return c.sendEagerLocked(b[:min(len(b), c.cfg.CopyChunk)])
+		return c.noBufsLocked(b) // lowmem.go
 	}
 	if err != nil {
 		return 0, err
@@ -784,10 +782,7 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 		}
 		if c.rd.active {
 			op := &c.rd
-			var sink []byte // the Read's own buffer, to blame if it faults
-			if op.direct {
-				sink = b[n : n+int(op.n)]
-			}
+			sink := c.sinkLocked(b[n:]) // to blame if it faults (fault.go)
 			if !op.done && !op.cancelled {
 				if (!op.read || op.split && op.readDone) && (c.err != nil || c.closed || c.qpDead) {
 					// The sender will not serve our sink any more.
@@ -887,7 +882,11 @@ func (c *Conn) tidyRxLocked() {
 // otherwise into the staging buffer.
 func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	rem := e.size - e.off
-	direct := (len(dst) >= c.cfg.DirectRead || uint32(len(dst)) >= rem) && c.dev.pinnable(int(min(uint32(len(dst)), rem)))
+	direct := len(dst) >= c.cfg.DirectRead || uint32(len(dst)) >= rem
+	if direct && !c.dev.pinnable(int(min(uint32(len(dst)), rem))) {
+		direct = false // staged (lowmem.go)
+		c.stats.count(cFallbacks, 1)
+	}
 	if !e.read && c.rdl.isSet.Load() {
 		// A direct sink must be served before Read returns; with a
 		// deadline, use the staging buffer, which may be left behind.
@@ -916,18 +915,9 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	}
 	if !direct {
 		e.staged = true
-		if c.stage == nil {
-			if c.stage, err = c.dev.getTemp(int(min(rem, uint32(c.cfg.StagingSize)))); err != nil {
-				return err
-			}
-		}
-		// Short of locked memory, a shorter piece (lowmem.go).
-		var n int
-		if mr, n, err = c.dev.registerPrefix(nic.NoOwner, c.stage[:min(rem, uint32(len(c.stage)))], access); err != nil {
-			c.releaseStageLocked()
+		if buf, mr, err = c.stageLocked(rem, access); err != nil { // lowmem.go
 			return err
 		}
-		buf = c.stage[:n]
 	}
 	c.stats.count(cRegisters, 1)
 	// A Read into a very large buffer: what lands first leaves the caches
