@@ -390,6 +390,17 @@ func otherSide(c net.Conn, tc *faultCase) error {
 	return nil
 }
 
+// closeDelivered closes c and waits until the peer has taken what we
+// wrote (the connection lingers until then): a child that exits first
+// loses it.
+func closeDelivered(c net.Conn) {
+	c.Close()
+	select {
+	case <-c.(*Conn).tornDown:
+	case <-time.After(20 * time.Second):
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
@@ -483,7 +494,7 @@ func init() {
 			say("error " + err.Error())
 			return err
 		}
-		defer c.Close()
+		defer closeDelivered(c)
 		if err := faultingSide(c, &tc, setHole); err != nil {
 			say("error " + err.Error())
 			return err
@@ -528,10 +539,11 @@ func TestCampaignFaultAcrossProcesses(t *testing.T) {
 			errc := make(chan error, 1)
 			go func() { errc <- otherSide(c, &tc) }()
 			n.wait(t, "ok")
-			if err := child.Wait(20 * time.Second); err != nil {
+			if err := within(t, "other side", 20*time.Second, func() error { return <-errc }); err != nil {
 				t.Fatal(err)
 			}
-			if err := within(t, "other side", 20*time.Second, func() error { return <-errc }); err != nil {
+			c.Close() // the child waits for it (closeDelivered)
+			if err := child.Wait(20 * time.Second); err != nil {
 				t.Fatal(err)
 			}
 		})

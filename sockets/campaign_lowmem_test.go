@@ -110,7 +110,7 @@ func init() {
 			say("error " + err.Error())
 			return err
 		}
-		defer c.Close()
+		defer closeDelivered(c)
 		return reportStream(c, args[1] == "writer", total)
 	})
 	testutil.RegisterChild("lowmem-dial", func(args []string) error {
@@ -130,7 +130,7 @@ func init() {
 			say("error " + err.Error())
 			return err
 		}
-		defer c.Close()
+		defer closeDelivered(c)
 		return reportStream(c, args[1] == "writer", total)
 	})
 }
