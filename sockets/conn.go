@@ -128,6 +128,7 @@ type session struct {
 	// pages (sys.CollapseHuge need not be asked again).
 	noSplitUntil     time.Time
 	eagerUntil       time.Time // large writes go as small messages until then (lowmem.go)
+	bigWrite         bool      // this write is too large to pin in place (lowmem.go)
 	hugeSrc, hugeDst span
 	lastRead         span // the last direct Read's buffer (splitsLocked)
 
@@ -462,6 +463,7 @@ func (c *Conn) write(b []byte) (n int, err error) {
 		return 0, os.ErrDeadlineExceeded
 	}
 	large := len(b) > c.cfg.EagerThreshold
+	c.bigWrite = large && !c.dev.pinnable(len(b)) // lowmem.go
 	if large {
 		// What the source choice learns from: is this the buffer of the
 		// previous large write (the application reuses its buffers)?

@@ -15,9 +15,12 @@ import (
 // reason to take a path that pins less, never to fail a call:
 //
 //   - a zero-copy source that cannot be pinned is copied, in CopyChunk
-//     pieces as a chosen copy is, and one larger than half the budget
-//     is copied without trying (pinnable); a Read buffer as well is
-//     staged;
+//     pieces as a chosen copy is, and a Write larger than half the budget
+//     is copied without trying (pinnable): pinning its pieces one after
+//     the other would evict the temporary memory they are copied through;
+//     likewise a Read whose buffer is larger than half the budget is
+//     staged (BenchmarkStreamPinBudget; figures in README.md, "Without
+//     root");
 //   - temporary memory that cannot be registered whole is registered in
 //     smaller pieces, down to one page: a copied write's pieces, and a
 //     Read's staging buffer (a Read whose own buffer cannot be pinned

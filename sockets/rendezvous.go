@@ -75,7 +75,7 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 // the peer has taken the data).
 func (c *Conn) chooseCopyLocked(body []byte, split bool) bool {
 	n := len(body)
-	if !c.dev.pinnable(n) {
+	if c.bigWrite {
 		c.stats.count(cFallbacks, 1) // lowmem.go
 		return true
 	}
@@ -464,7 +464,7 @@ func (c *Conn) splitOfferLocked(b []byte) bool {
 		return false
 	case c.sharedSource(b):
 		return false // the peer maps it: one copy already
-	case !c.dev.pinnable(len(b)):
+	case c.bigWrite:
 		return false // copied (lowmem.go)
 	}
 	return c.hugeLocked(&c.hugeSrc, b, true)
@@ -883,7 +883,7 @@ func (c *Conn) tidyRxLocked() {
 func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	rem := e.size - e.off
 	direct := len(dst) >= c.cfg.DirectRead || uint32(len(dst)) >= rem
-	if direct && !c.dev.pinnable(int(min(uint32(len(dst)), rem))) {
+	if direct && !c.dev.pinnable(len(dst)) {
 		direct = false // staged (lowmem.go)
 		c.stats.count(cFallbacks, 1)
 	}
