@@ -16,8 +16,9 @@ import (
 // The whole bench as an unprivileged user (issue 21): uid 65534 with the
 // RLIMIT_MEMLOCK it inherits (Debian's default, 8 MiB) and no eBPF. Every
 // suite must complete, and the conn suite's largest stream must go over
-// sockets. (shmipc-go is left out: building it needs a Go build cache of
-// that user's.)
+// sockets too (it failed with ENOBUFS at 16 MiB). Tiny runs, as the other
+// tests of run; shmipc-go is left out (building it needs a Go build cache
+// of that user's).
 
 func init() {
 	testutil.RegisterChild("bench-unprivileged", func(args []string) error {
@@ -29,7 +30,7 @@ func init() {
 		}
 		defer os.RemoveAll(dir)
 		path := filepath.Join(dir, "out.json")
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
 		defer cancel()
 		if err := run(ctx, os.Stdout, append([]string{"-quick", "-json", path, "-out", ""}, args...)); err != nil {
 			return err
@@ -43,11 +44,14 @@ func init() {
 			return err
 		}
 		suites := map[string]int{}
-		largest := 0
+		largest, ours := 0, 0
 		for _, r := range recs {
 			suites[r.Suite]++
-			if r.Suite == "conn" && r.Case == "stream" && r.Transport == "sockets/busy" && r.Value > 0 {
+			if r.Suite == "conn" && r.Case == "stream" && r.Value > 0 {
 				largest = max(largest, r.Size)
+				if r.Transport == "sockets/busy" {
+					ours = max(ours, r.Size)
+				}
 			}
 		}
 		for _, s := range args {
@@ -55,8 +59,8 @@ func init() {
 				return fmt.Errorf("suite %s: no record", s)
 			}
 		}
-		if largest < 16*miB {
-			return fmt.Errorf("conn: largest sockets/busy stream %d B, want 16 MiB", largest)
+		if ours == 0 || ours < largest {
+			return fmt.Errorf("conn: largest sockets/busy stream %d B, of any transport %d B", ours, largest)
 		}
 		return nil
 	})
@@ -68,7 +72,13 @@ func TestRunUnprivileged(t *testing.T) {
 	}
 	c := testutil.StartChildAs(t, &syscall.Credential{Uid: 65534, Gid: 65534}, "bench-unprivileged", nil,
 		"conn", "floor", "pin", "rdma", "ring")
-	err := c.Wait(4 * time.Minute)
+	select {
+	case <-c.Done():
+	case <-time.After(2 * time.Minute):
+		c.Cmd.Process.Signal(syscall.SIGQUIT) // its goroutines, for the log
+		<-c.Done()
+	}
+	err := c.Wait(time.Second)
 	t.Logf("output:\n%s", c.Output())
 	if err != nil {
 		t.Fatal(err)
