@@ -113,5 +113,9 @@
 //     RDMA operation that failed.
 //
 // A buffer that is already unmapped when the call registers it cannot be
-// pinned, so it is copied or staged instead: the first case.
+// pinned, so it is copied or staged instead: the first case. A buffer from
+// AllocBuffer is the switch's own memory: the switch's copies of it are
+// protected as any, but the nic copies device memory without protection
+// (it cannot vanish while registered), so it must never be unmapped, only
+// given back with FreeBuffer.
 package sockets
