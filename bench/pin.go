@@ -54,7 +54,18 @@ func pinSizes(env *Env) []int {
 }
 
 func runPin(ctx context.Context, env *Env) (recs []Record, err error) {
+	// The pinning budget: RLIMIT_MEMLOCK (8 MiB for an unprivileged user
+	// on Debian), unless the process may lock any amount.
+	budget := pin.DefaultConfig().MaxPinnedBytes
+	if c, err := pin.New(&pin.Config{Monitor: pin.MonitorAuto}); err == nil {
+		fmt.Fprintf(env.out, "(pin/cached: monitor %v)\n", c.Monitor().Kind)
+		c.Close()
+	}
 	for _, size := range pinSizes(env) {
+		if int64(size) > budget {
+			fmt.Fprintf(env.out, "(pin %s skipped: more than the %s this process may lock, RLIMIT_MEMLOCK)\n", fsize(size), fsize(int(budget)))
+			continue
+		}
 		buf, err := sys.MapAnon(size)
 		if err != nil {
 			return recs, err

@@ -36,6 +36,7 @@ import (
 
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -112,9 +113,13 @@ const (
 // rdmaConfig is the devices' configuration. The measuring side busy-polls;
 // the peer spins for a while, then sleeps, so that it does not take a CPU
 // from the engine while the parent works one-sided (as perftest's server
-// sits idle during bandwidth tests).
-func rdmaConfig(peer bool) *nic.Config {
+// sits idle during bandwidth tests). A process that may not lock what a
+// side registers for transfers of up to size bytes (rdmaPinned) registers
+// without pinning: the suite measures moving data, which pinning does not
+// change, and registers everything before it measures.
+func rdmaConfig(peer bool, size int) *nic.Config {
 	cfg := nic.DefaultConfig()
+	cfg.NoPinning = rdmaPinned(size) > pin.DefaultConfig().MaxPinnedBytes
 	cfg.RingCapacity = rdmaRing
 	cfg.Wait = shm.WaitConfig{Mode: shm.WaitBusyPoll}
 	if peer {
@@ -124,6 +129,10 @@ func rdmaConfig(peer bool) *nic.Config {
 	cfg.RecvDepth = 4 * rdmaRecvs
 	return &cfg
 }
+
+// rdmaPinned is what a side registers for transfers of up to size bytes:
+// its exposed buffer, the source, and the receive buffers.
+func rdmaPinned(size int) int64 { return int64(2*size + rdmaRecvs*(rdmaRing/2)) }
 
 type rdmaSide struct {
 	d        *nic.Device
@@ -386,7 +395,12 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 	for _, mem := range []string{"shm", "cma"} {
 		addr := fmt.Sprintf("@sandirect-bench-%d-%s", os.Getpid(), mem)
 		s := &rdmaSide{}
-		if s.d, err = nic.Open(rdmaConfig(false)); err != nil {
+		cfg := rdmaConfig(false, maxSize)
+		if cfg.NoPinning && mem == "shm" {
+			fmt.Fprintf(env.out, "(rdma: registrations not pinned, nic.Config.NoPinning: the suite registers %s a side, more than the %s this process may lock, RLIMIT_MEMLOCK)\n",
+				fsize(int(rdmaPinned(maxSize))), fsize(int(pin.DefaultConfig().MaxPinnedBytes)))
+		}
+		if s.d, err = nic.Open(cfg); err != nil {
 			return recs, err
 		}
 		abort := func(error) { s.d.Close() }
@@ -814,7 +828,7 @@ func rdmaPeer(pc *peerConn) error {
 	return pc.serve(func(cmd ctlMsg) error {
 		s := &rdmaSide{}
 		var err error
-		if s.d, err = nic.Open(rdmaConfig(true)); err != nil {
+		if s.d, err = nic.Open(rdmaConfig(true, cmd.Size)); err != nil {
 			return err
 		}
 		defer s.close()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -251,19 +252,23 @@ func (p *Pending) Close() error {
 	return p.conn.Close()
 }
 
-func (d *Device) checkPeer(conn *net.UnixConn) (pid int, uid uint32, err error) {
+// checkPeer checks the peer's credentials against our policy, the
+// listener's or the dialer's (side).
+func (d *Device) checkPeer(conn *net.UnixConn, side string) (pid int, uid uint32, err error) {
 	p, u, _, err := sys.PeerCred(conn)
 	if err != nil {
 		return 0, 0, fmt.Errorf("nic: peer credentials: %w", err)
 	}
 	if u != uint32(os.Getuid()) && !slices.Contains(d.cfg.AllowUIDs, u) {
-		return 0, 0, fmt.Errorf("%w: peer pid %d runs as uid %d, not allowed", ErrRefused, p, u)
+		return 0, 0, fmt.Errorf("%w: uid %d not allowed by the %s policy (peer pid %d)", ErrRefused, u, side, p)
 	}
 	return int(p), u, nil
 }
 
+// reject tells the dialer why we refuse it. (The dialer prefixes
+// ErrRefused itself.)
 func reject(conn *net.UnixConn, reason error) {
-	msg := reason.Error()
+	msg := strings.TrimPrefix(reason.Error(), ErrRefused.Error()+": ")
 	if len(msg) > cmMaxReason {
 		msg = msg[:cmMaxReason]
 	}
@@ -273,8 +278,13 @@ func reject(conn *net.UnixConn, reason error) {
 
 func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	conn.SetDeadline(time.Now().Add(opts.Timeout))
-	pid, uid, err := d.checkPeer(conn)
+	pid, uid, err := d.checkPeer(conn, "listener's")
 	if err != nil {
+		// Take the dialer's hello first: a socket closed with it unread
+		// resets the dialer, which would never read the reason.
+		if _, fds, rerr := sys.RecvFds(conn, make([]byte, cmHelloSize+cmMaxReason+1), 4); rerr == nil {
+			sys.CloseAll(fds)
+		}
 		reject(conn, err)
 		return nil, err
 	}
@@ -344,7 +354,7 @@ func (d *Device) DialConn(conn *net.UnixConn, opts QPOptions) (*QueuePair, error
 
 func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	conn.SetDeadline(time.Now().Add(opts.Timeout))
-	pid, uid, err := d.checkPeer(conn)
+	pid, uid, err := d.checkPeer(conn, "dialer's")
 	if err != nil {
 		return nil, err
 	}

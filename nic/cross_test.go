@@ -27,7 +27,7 @@ func init() {
 			return err
 		}
 		cfg := DefaultConfig()
-		cfg.RDMARead = args[3] == "read"
+		cfg.NoRDMARead = args[3] != "read"
 		d, err := Open(&cfg)
 		if err != nil {
 			return err

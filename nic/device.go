@@ -15,13 +15,15 @@ import (
 	"github.com/sandirect/sandirect/shm"
 )
 
-// Config configures a Device. The zero value means DefaultConfig.
+// Config configures a Device. A nil *Config means DefaultConfig(); a zero
+// field means that field's default (DefaultConfig merged field by field).
 type Config struct {
-	// RDMARead says whether this device serves RDMA Read. A device without
-	// it refuses RDMA Reads it initiates; peers learn it at connect and
-	// pick the write rendezvous.
-	RDMARead bool
-	// MaxInline is the largest send whose data is copied at post time.
+	// NoRDMARead turns RDMA Read off: the device then refuses RDMA Reads
+	// it initiates; peers learn it at connect and pick the write
+	// rendezvous.
+	NoRDMARead bool
+	// MaxInline is the largest send whose data is copied at post time;
+	// negative: none.
 	MaxInline int
 	// MaxRegions bounds the registration table.
 	MaxRegions int
@@ -32,7 +34,7 @@ type Config struct {
 	SendDepth, RecvDepth int
 	// InlineExec is how many bytes of an RDMA operation the posting
 	// goroutine moves itself when nothing is queued ahead of it; the rest
-	// is left to the engine and to pollers of the send CQ.
+	// is left to the engine and to pollers of the send CQ. Negative: none.
 	InlineExec int
 	// Chunk is how many bytes the engine moves for one work request
 	// before it turns to the next queue pair. Default 1 MiB: Go's copy
@@ -59,7 +61,6 @@ type Config struct {
 // post time, 1 MiB chunks, 1 s RNR timeout, adaptive waiting.
 func DefaultConfig() Config {
 	return Config{
-		RDMARead:     true,
 		MaxInline:    256,
 		MaxRegions:   4096,
 		RingCapacity: 256 << 10,
@@ -72,8 +73,41 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports a configuration that cannot work.
+// withDefaults fills zero fields with their defaults, and turns the
+// negative "none" of MaxInline and InlineExec into 0.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	set := func(v *int, def int) {
+		switch {
+		case *v == 0:
+			*v = def
+		case *v < 0:
+			*v = 0
+		}
+	}
+	set(&c.MaxInline, d.MaxInline)
+	set(&c.MaxRegions, d.MaxRegions)
+	set(&c.RingCapacity, d.RingCapacity)
+	set(&c.SendDepth, d.SendDepth)
+	set(&c.RecvDepth, d.RecvDepth)
+	set(&c.InlineExec, d.InlineExec)
+	set(&c.Chunk, d.Chunk)
+	if c.RNRTimeout == 0 {
+		c.RNRTimeout = d.RNRTimeout
+	}
+	if c.Wait == (shm.WaitConfig{}) {
+		c.Wait = d.Wait
+	}
+	if c.Wait.Mode == shm.WaitAdaptive && c.Wait.Spin == 0 {
+		c.Wait.Spin = shm.DefaultSpin
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot work. Zero fields are
+// taken as their defaults.
 func (c Config) Validate() error {
+	c = c.withDefaults()
 	switch {
 	case c.MaxInline < 0 || c.MaxInline > c.RingCapacity/2-16:
 		return fmt.Errorf("nic: MaxInline %d outside [0, %d]", c.MaxInline, c.RingCapacity/2-16)
@@ -169,7 +203,7 @@ func (s *Stats) add(o *Stats) {
 func Open(cfg *Config) (*Device, error) {
 	c := DefaultConfig()
 	if cfg != nil {
-		c = *cfg
+		c = cfg.withDefaults()
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -187,7 +221,7 @@ func Open(cfg *Config) (*Device, error) {
 	d := &Device{
 		cfg: c,
 		attr: Attr{
-			RDMARead:   c.RDMARead,
+			RDMARead:   !c.NoRDMARead,
 			MaxInline:  c.MaxInline,
 			MaxRegions: c.MaxRegions,
 			MaxSend:    c.RingCapacity/2 - 16,
@@ -224,7 +258,7 @@ func Open(cfg *Config) (*Device, error) {
 // Attr returns the device's attributes.
 func (d *Device) Attr() Attr { return d.attr }
 
-// Config returns the device's configuration.
+// Config returns the device's configuration, defaults filled in.
 func (d *Device) Config() Config { return d.cfg }
 
 // Cache returns the registration cache (nil with NoPinning).

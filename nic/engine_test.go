@@ -33,7 +33,7 @@ func newQueuedWrites(t *testing.T, mode shm.WaitMode, size int) *queuedWrites {
 	t.Cleanup(func() { engineYield = old })
 	cfg := DefaultConfig()
 	cfg.Wait = shm.WaitConfig{Mode: mode}
-	cfg.InlineExec = 0
+	cfg.InlineExec = -1 // none: the engine moves everything
 	cfg.Chunk = 64 << 10
 	a, b := pair(t, &cfg, &cfg)
 	dst := alloc(t, b.d, size)

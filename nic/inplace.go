@@ -52,6 +52,12 @@ func (qp *QueuePair) CommitSend(n int) error {
 	return nil
 }
 
+// AbandonSend gives back what ReserveSend returned, unsent: for an owner
+// whose copy into it failed (its source faulted). The peer skips it.
+func (qp *QueuePair) AbandonSend() {
+	qp.out.Commit(tagNop, 0)
+}
+
 // RecvInPlace returns the next incoming send: its bytes, in the ring and
 // untrusted (the peer may still write them), valid until ReleaseRecv
 // passes end, the ring position after it. ok is false when nothing has

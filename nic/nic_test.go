@@ -188,7 +188,7 @@ func TestRemoteAccessErrors(t *testing.T) {
 
 func TestNoRDMARead(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.RDMARead = false
+	cfg.NoRDMARead = true
 	a, b := pair(t, &cfg, nil)
 	if b.qp.PeerAttr().RDMARead || !a.qp.PeerAttr().RDMARead {
 		t.Fatalf("attributes not exchanged: %+v %+v", a.qp.PeerAttr(), b.qp.PeerAttr())

@@ -1,7 +1,8 @@
 // Package shm is sandirect's fabric: shared-memory segments passed between
 // processes as sealed memfds, single-producer single-consumer rings of
-// variable-length records inside them, and doorbells that spin and then
-// sleep on a futex word in the segment. It plays the SAN of Windows
+// variable-length records inside them, doorbell words through which a
+// waiting side announces that it sleeps, and wake hubs that let it sleep
+// in the Go scheduler until a peer wakes it. It plays the SAN of Windows
 // Sockets Direct (docs/origins.md); docs/layout.md specifies its layouts.
 //
 // # Segments
@@ -33,10 +34,14 @@
 //
 // # Waiting
 //
-// A side that must wait spins for WaitConfig.Spin, then announces that it
-// sleeps (a futex word in the segment), re-checks, and sleeps with
-// FUTEX_WAIT (shared, not private). The other side issues FUTEX_WAKE only
-// when it sees the announcement. Both the announcement and the check are
-// sequentially consistent atomics, so no wake-up is lost. Busy-poll and
-// block-only are modes of the same mechanism.
+// Everything waits one way, WaitStrategy (wait.go): look, spin while
+// spinning pays, then announce in a doorbell word of the segment that it
+// sleeps — the slot of its Waiter in its process's Hub — re-check, and
+// park the goroutine (hub.go). The other side wakes it only when it sees
+// the announcement: it marks the slot in the sleeper's hub and writes to
+// the hub's pipe, which one goroutine of the sleeper's process waits on
+// in the runtime's netpoller. So a waiting goroutine holds no OS thread,
+// and a busy connection makes no system call. Both the announcement and
+// the check are sequentially consistent atomics, so no wake-up is lost.
+// Busy-poll and block-only are modes of the same mechanism.
 package shm

@@ -40,8 +40,8 @@ const (
 //	                          closers      producer closed u32 | consumer closed u32
 //	   128  producer line     producer     tail u64 (observers only)
 //	   256  consumer line     consumer     head u64
-//	   384  consumer doorbell both         futex u32: 1 = consumer sleeps
-//	   512  producer doorbell both         futex u32: 1 = producer sleeps
+//	   384  consumer doorbell both         u32: the sleeping consumer's Waiter slot + 1, or 0
+//	   512  producer doorbell both         u32: the sleeping producer's Waiter slot + 1, or 0
 //	   640  data area         producer     capacity bytes, a power of two
 //
 // The control line is written at creation and once more by each side's

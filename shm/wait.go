@@ -12,12 +12,13 @@ import (
 type WaitMode uint8
 
 const (
-	// WaitAdaptive spins for WaitConfig.Spin, then sleeps on the futex.
+	// WaitAdaptive spins for up to WaitConfig.Spin while spinning pays,
+	// then parks (WaitStrategy).
 	WaitAdaptive WaitMode = iota
 	// WaitBusyPoll spins until the condition holds or the deadline passes;
 	// it never sleeps and never needs a wake-up.
 	WaitBusyPoll
-	// WaitBlock sleeps on the futex at once.
+	// WaitBlock parks at once.
 	WaitBlock
 )
 
@@ -47,10 +48,10 @@ func ParseWaitMode(s string) (WaitMode, error) {
 // DefaultWaitConfig.
 type WaitConfig struct {
 	Mode WaitMode
-	// Spin is how long WaitAdaptive spins before it sleeps. A futex
-	// wake-up costs many cache-line hand-offs, so spinning for a few tens
-	// of microseconds catches most request/response traffic without a
-	// system call (docs/performance.md, "shm: waiting").
+	// Spin is how long WaitAdaptive spins before it parks. A wake-up
+	// costs many cache-line hand-offs, so a spin catches a quick answer
+	// without a system call (docs/performance.md, "shm: waiting"); the
+	// strategy stops spinning while spins do not catch it.
 	Spin time.Duration
 }
 

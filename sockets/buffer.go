@@ -36,7 +36,9 @@ type bufferOwner struct {
 // a connection that is not ours — the TCP path, for instance — it returns
 // ordinary memory, so that one program runs either way.
 //
-// The buffer stays valid until FreeBuffer, also after c is closed. Every
+// The buffer stays valid until FreeBuffer, also after c is closed; it must
+// not be unmapped by other means (the nic copies it without fault
+// protection, see the package documentation). Every
 // peer connected to this process's connections of that Config maps it, as
 // it maps the temporary memory writes are copied into, and could write
 // it too: put in it only what those peers may see. They are processes of

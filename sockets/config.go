@@ -103,13 +103,14 @@ type Config struct {
 	// Default 4096.
 	MaxRegions int
 	// MaxPinnedBytes bounds the memory the device's registration cache
-	// keeps locked: zero-copy sources, direct-read sinks, control buffers
-	// and temporary memory. Past it a write fails with ENOBUFS after the
-	// bytes it accepted. Default (0): pin's default, from RLIMIT_MEMLOCK
-	// and the machine's memory.
+	// keeps locked: zero-copy sources, direct-read sinks, the doorbell and
+	// temporary memory. Past it a write or Read takes a path that pins
+	// less (see "Locked memory" in the package doc). Default (0): pin's
+	// default, from RLIMIT_MEMLOCK and the machine's memory.
 	MaxPinnedBytes int64
 	// Wait says how a blocked call waits for the peer: busy polling,
-	// blocking on a futex, or spinning then blocking (default).
+	// parking (the goroutine sleeps in the Go scheduler until the peer
+	// wakes it), or spinning while spinning pays, then parking (default).
 	Wait shm.WaitConfig
 	// ReplyWait: in block mode, a call that is about to sleep right after
 	// this side sent a message first looks for the answer this long. An

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,6 +40,11 @@ type Conn struct {
 	tornDown chan struct{} // closed when teardown has released everything
 	tearOnce sync.Once
 
+	// Bytes the Read (Write) in progress has delivered (accepted) so far,
+	// for the error of a fault in its buffer (fault.go); guarded by rmu
+	// (wmu).
+	readN, writeN int
+
 	mu sync.Mutex // guards everything below
 	session
 }
@@ -56,6 +62,7 @@ type session struct {
 	// not read holds its space (rxEntry.held), and so do the messages
 	// after it.
 	inPos, relPos uint64
+	reserved      bool // sendLocked holds a reservation in the ring to the peer
 	taken         uint64        // messages taken from the ring
 	heldN         int           // rx entries that hold ring space
 	interesting   bool          // a dispatch round saw more than send completions
@@ -123,6 +130,8 @@ type session struct {
 	// none before this; and the last source and Read buffer found in huge
 	// pages (sys.CollapseHuge need not be asked again).
 	noSplitUntil     time.Time
+	eagerUntil       time.Time // large writes go as small messages until then (lowmem.go)
+	bigWrite         bool      // this write is too large to pin in place (lowmem.go)
 	hugeSrc, hugeDst span
 	lastRead         span // the last direct Read's buffer (splitsLocked)
 
@@ -283,8 +292,9 @@ func (c *Conn) opErr(op string, err error) error {
 
 // Read reads stream bytes into b. It returns io.EOF after the peer's
 // graceful close, os.ErrDeadlineExceeded (wrapped) when the read deadline
-// passes, net.ErrClosed after Close, and an error matching
-// syscall.ECONNRESET when the peer reset the connection.
+// passes, net.ErrClosed after Close, an error matching
+// syscall.ECONNRESET when the peer reset the connection, and one matching
+// syscall.EFAULT after the bytes delivered when b's memory faulted.
 func (c *Conn) Read(b []byte) (int, error) {
 	c.rmu.Lock()
 	n, err := c.read(b)
@@ -297,9 +307,10 @@ func (c *Conn) Read(b []byte) (int, error) {
 }
 
 // Write writes b. Small writes travel inside control messages, large ones
-// by rendezvous. When registration or temporary memory fails it returns
-// the bytes accepted so far and an error matching syscall.ENOBUFS; the
-// connection stays usable.
+// by rendezvous; short of locked memory, registrations or temporary
+// memory, by a path that needs less (see the package documentation). A
+// fault of b's memory returns the bytes accepted before it and an error
+// matching syscall.EFAULT.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	n, err := c.write(b)
@@ -367,14 +378,15 @@ func (c *Conn) Close() error {
 }
 
 // read is Read without the error wrapping; the caller holds rmu.
-func (c *Conn) read(b []byte) (int, error) {
+func (c *Conn) read(b []byte) (n int, err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	defer c.ensurePumpLocked()
-	// One return here keeps the defers open-coded: with readLoopLocked's
-	// many returns they were stack-allocated records, run through the
+	c.readN = 0
+	// One return here keeps the defer open-coded: with readLoopLocked's
+	// many returns it was a stack-allocated record, run through the
 	// runtime's defer machinery on every Read (docs/performance.md,
-	// "Read's defers").
+	// "Read's defers"). It also ends the region in which a fault of b's
+	// memory is recovered (fault.go).
+	defer c.endRead(b, debug.SetPanicOnFault(true), &n, &err)
 	return c.readLoopLocked(b)
 }
 
@@ -443,18 +455,18 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 }
 
 // write is Write without the error wrapping; the caller holds wmu.
-func (c *Conn) write(b []byte) (int, error) {
+func (c *Conn) write(b []byte) (n int, err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	defer c.ensurePumpLocked()
+	c.writeN = 0
+	defer c.endWrite(b, debug.SetPanicOnFault(true), &n, &err) // fault.go
 	if err := c.writableLocked(); err != nil {
 		return 0, err
 	}
 	if c.wdl.expired.Load() {
 		return 0, os.ErrDeadlineExceeded
 	}
-	n := 0
 	large := len(b) > c.cfg.EagerThreshold
+	c.bigWrite = large && !c.dev.pinnable(len(b)) // lowmem.go
 	if large {
 		// What the source choice learns from: is this the buffer of the
 		// previous large write (the application reuses its buffers)?
@@ -464,7 +476,7 @@ func (c *Conn) write(b []byte) (int, error) {
 	}
 	for n < len(b) {
 		var m int
-		var err error
+		c.writeN = n
 		if rest := b[n:]; !large || len(rest) <= c.maxPayload {
 			m, err = c.sendDataLocked(rest)
 		} else {

@@ -80,7 +80,7 @@ func acquireDevice(cfg *Config) (*device, error) {
 		return d, nil
 	}
 	nc := nic.DefaultConfig()
-	nc.RDMARead = !cfg.NoRDMARead
+	nc.NoRDMARead = cfg.NoRDMARead
 	nc.MaxRegions = cfg.MaxRegions
 	nc.RingCapacity = key.ringCap
 	// The switch spins itself when it wants to; the nic's waits block.

@@ -45,7 +45,10 @@
 // There is no background goroutine per connection: the goroutines that
 // call Read, Write and Close drive the connection's completion queue
 // themselves, one at a time, and wait as Config.Wait says (busy polling,
-// futex sleep, or spin then sleep). In block mode a wait that follows a
+// parking, or spin while it pays then park): a waiting goroutine parks in
+// the Go scheduler and holds no OS thread (shm's wake hubs), so thousands
+// of idle connections with a Read waiting cost a few threads in all. In
+// block mode a wait that follows a
 // send of ours first looks for the answer for Config.ReplyWait (1 µs),
 // about what a wake-up system call would cost: a quick answer then costs
 // no sleep and no wake-up. A closed connection lingers in a goroutine of
@@ -64,8 +67,58 @@
 // io.EOF (unwrapped) after the peer's graceful close; an error matching
 // syscall.ECONNRESET when the peer reset the connection or vanished;
 // ErrProtocol when the peer broke the protocol and this side aborted the
-// connection; syscall.EPIPE for a Write after CloseWrite; and, from Write,
-// an error matching syscall.ENOBUFS when registration or temporary memory
-// failed: the bytes accepted so far are counted, nothing is lost, and the
-// connection stays usable.
+// connection; syscall.EPIPE for a Write after CloseWrite; and
+// syscall.EFAULT when the application's buffer faulted (below).
+//
+// # Locked memory
+//
+// Registration pins memory (mlock), within RLIMIT_MEMLOCK (8 MiB for an
+// unprivileged user on Debian) or Config.MaxPinnedBytes. Short of it, or
+// of registrations or temporary memory, neither side fails, and neither
+// loses or repeats a byte: both take a path that needs less, slower but
+// never stuck. A Write whose source cannot be pinned copies it; pieces of
+// temporary memory that cannot be registered whole go shorter, down to a
+// page; a Write that can register nothing at all goes as small messages,
+// written into the ring to the peer, which needs no pinning. A Read whose
+// buffer cannot be pinned receives through staging, and staging that
+// cannot be registered whole goes in shorter pieces, down to a page.
+// Counters.Fallbacks counts these. A connection pins nothing of its own
+// (its messages are written and read in the rings): it needs the device's
+// doorbell, a page, and one page to stage received data in — 8 KiB of
+// RLIMIT_MEMLOCK is the least that carries data, and below it Dial and
+// Accept fail with an error matching syscall.ENOBUFS. A Read fails with ENOBUFS only if, later, not one page
+// of staging can be had (the process's other connections hold all of
+// it); like the send side's ENOBUFS from AllocBuffer, it loses nothing,
+// and the connection stays usable: the next Read tries again.
+//
+// # Application memory that faults
+//
+// A Read or Write whose buffer is unmapped (in part) under it fails with
+// an error matching syscall.EFAULT that names the application's buffer;
+// the process, and its other connections, carry on. It returns the bytes
+// it accepted or delivered before the fault, exactly. What happens to the
+// connection depends on who was copying:
+//
+//   - The switch itself — a small write's messages, the part of a large
+//     write that travels inside its rts, pieces copied into temporary
+//     memory, and every copy out to a Read's buffer (of small messages and
+//     of the staging buffer): nothing of the faulting part was sent or
+//     consumed, so the connection stays usable. The bytes not written can
+//     be written again from good memory; the bytes not read are still
+//     there for the next Read.
+//   - The nic, by RDMA — a zero-copy source (which the peer RDMA-Reads, or
+//     we RDMA-Write into the peer's sink), a large Read's own buffer (which
+//     we RDMA-Read into, or the peer RDMA-Writes into), and both halves of
+//     a split transfer: a failed work request puts the queue pair into the
+//     error state, as verbs do, and part of the transfer may have landed.
+//     The connection is aborted with the fault as its reason: the call and
+//     every later one return it, and the peer sees a reset that names the
+//     RDMA operation that failed.
+//
+// A buffer that is already unmapped when the call registers it cannot be
+// pinned, so it is copied or staged instead: the first case. A buffer from
+// AllocBuffer is the switch's own memory: the switch's copies of it are
+// protected as any, but the nic copies device memory without protection
+// (it cannot vanish while registered), so it must never be unmapped, only
+// given back with FreeBuffer.
 package sockets

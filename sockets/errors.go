@@ -63,3 +63,22 @@ func enobufs(what string, err error) error {
 func descriptorErr(err error) error {
 	return &abortError{err: fmt.Errorf("%w: %w: peer descriptor outside its registrations: %v", ErrProtocol, syscall.ECONNRESET, err)}
 }
+
+// faultError is the error of a Read or Write whose buffer faulted under a
+// copy: the application unmapped it (or part of it) while the call used
+// it. It matches syscall.EFAULT.
+type faultError struct {
+	what string  // "read" or "write"
+	addr uintptr // the address that faulted
+	base uintptr // the buffer's
+	n    int     // its length
+	err  error   // the runtime's error, or nil when a probe found it
+}
+
+func (e *faultError) Error() string {
+	return fmt.Sprintf("sockets: the application's %s buffer faulted: %#x, %d bytes into its %d, is not mapped: %v",
+		e.what, e.addr, int64(e.addr)-int64(e.base), e.n, syscall.EFAULT)
+}
+
+func (e *faultError) Is(target error) bool { return target == syscall.EFAULT }
+func (e *faultError) Unwrap() error        { return e.err }

@@ -46,6 +46,9 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	if c.bellMR, err = d.doorbell(); err != nil {
 		return fail(err)
 	}
+	if err = d.checkStaging(); err != nil { // lowmem.go
+		return fail(err)
+	}
 	dl := makeDeadline()
 	dl.set(time.Now().Add(cfg.HandshakeTimeout))
 	defer dl.set(time.Time{})

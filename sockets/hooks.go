@@ -14,6 +14,8 @@ const (
 	stepBeforeReadDone  step = "before-read-done"  // read rendezvous: every RDMA Read completed, the done not sent
 	stepSplitCTSSent    step = "split-cts-sent"    // split transfer, receiver: the tail's cts queued, the head not read
 	stepBeforeTail      step = "before-split-tail" // split transfer, sender: the tail's cts arrived, no byte written
+	stepSinkReady       step = "sink-ready"        // receiver: the Read's own buffer is registered, nothing asked for or read
+	stepSourceReady     step = "source-ready"      // a rendezvous source is registered, its rts not sent
 )
 
 // testHook is nil except in tests, which set it before any connection

@@ -3,8 +3,6 @@ package sockets
 import (
 	"sync"
 	"time"
-
-	"github.com/sandirect/sandirect/internal/mem"
 )
 
 // pieceCopier copies the pieces of copied rendezvous into temporary memory
@@ -52,26 +50,22 @@ const (
 	copierRetry = 250 * time.Millisecond
 )
 
-// copy copies src into dst (as long). For a piece of at least ntMinPiece
-// bytes it reports the way it took and, if the piece is to be counted,
-// how long the copy took: the caller then records the piece's cost once
-// the reader is done with it.
-func (p *pieceCopier) copy(dst, src []byte) (nt bool, d time.Duration) {
+// copy copies src, the application's buffer, into dst (as long). For a
+// piece of at least ntMinPiece bytes it reports the way it took and, if
+// the piece is to be counted, how long the copy took: the caller then
+// records the piece's cost once the reader is done with it. A fault in src
+// is a faultError (copyGuarded).
+func (p *pieceCopier) copy(dst, src []byte) (nt bool, d time.Duration, err error) {
 	if len(src) < ntMinPiece {
-		copy(dst, src)
-		return false, 0
+		_, err = copyGuarded(dst, src, src, "write", false)
+		return false, 0, err
 	}
 	start := time.Now()
 	nt, count := p.choose(start, len(src))
-	if nt {
-		mem.CopyNT(dst, src)
-	} else {
-		copy(dst, src)
+	if _, err = copyGuarded(dst, src, src, "write", nt); err != nil || !count {
+		return nt, 0, err
 	}
-	if !count {
-		return nt, 0
-	}
-	return nt, max(time.Since(start), 1)
+	return nt, max(time.Since(start), 1), nil
 }
 
 // choose picks the way for a piece of n bytes starting at now, and

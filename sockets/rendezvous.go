@@ -73,6 +73,10 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 // the peer has taken the data).
 func (c *Conn) chooseCopyLocked(body []byte, split bool) bool {
 	n := len(body)
+	if c.bigWrite {
+		c.stats.count(cFallbacks, 1) // lowmem.go
+		return true
+	}
 	switch c.cfg.ZeroCopy {
 	case ZeroCopyAlways:
 		return false
@@ -159,24 +163,37 @@ func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, er
 			return err
 		}
 		// Temporary memory is the device's, reused by every connection.
-		mr, err := c.dev.register(nic.NoOwner, t[:len(body)], access)
+		// Short of locked memory, a shorter piece (lowmem.go).
+		mr, n, err := c.dev.registerPrefix(nic.NoOwner, t[:len(body)], access)
 		if err != nil {
 			c.dev.putTemp(t)
 			return err
 		}
+		body, x.size = body[:n], uint32(n)
 		c.stats.count(cRegisters, 1)
 		c.mu.Unlock()
-		x.nt, x.copyD = c.dev.pieces.copy(t[:len(body)], body)
+		x.nt, x.copyD, err = c.dev.pieces.copy(t[:len(body)], body)
+		c.mu.Lock()
+		if err != nil {
+			// The application's buffer faulted: nothing was sent.
+			c.dev.nic.Deregister(mr)
+			c.dev.putTemp(t)
+			return err
+		}
 		if x.nt {
 			c.stats.count(cBytesCopiedNT, uint64(len(body)))
 		}
-		c.mu.Lock()
 		x.src, x.temp, x.mr = t[:len(body)], t, mr
 		return nil
 	}
 	err := try(copyMode)
 	if err != nil && errors.Is(err, syscall.ENOBUFS) {
 		c.stats.count(cFallbacks, 1)
+		if !copyMode {
+			// Copied in pieces, as a chosen copy is (lowmem.go).
+			body = body[:min(len(body), copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight))]
+			x.size = uint32(len(body))
+		}
 		err = try(!copyMode)
 	}
 	if err != nil {
@@ -224,6 +241,9 @@ func copyChunk(rest, chunk, inFlight int) int {
 // read rendezvous (the peer RDMA-Reads our source) or the write
 // rendezvous (we RDMA-Write into the sinks the peer gives us).
 func (c *Conn) sendLargeLocked(b []byte) (int, error) {
+	if time.Now().Before(c.eagerUntil) {
+		return c.sendEagerLocked(b[:min(len(b), c.cfg.CopyChunk)]) // lowmem.go
+	}
 	inline := c.maxPayload
 	body := b[inline:]
 	read := c.peerRead
@@ -253,7 +273,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		return 0, err
 	}
 	x, err := c.prepareSourceLocked(body[:size], copyMode, read)
-	for retried := false; err != nil && !retried && c.copyInFlight > 0; retried = true {
+	for retried := false; errors.Is(err, syscall.ENOBUFS) && !retried && c.copyInFlight > 0; retried = true {
 		// Our own copies hold the resources: wait for the peer to take
 		// them, then try once more.
 		for c.copyInFlight > 0 {
@@ -267,8 +287,10 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		}
 		x, err = c.prepareSourceLocked(body[:size], copyMode, read)
 	}
+	if errors.Is(err, syscall.ENOBUFS) {
+		return c.noBufsLocked(b) // lowmem.go
+	}
 	if err != nil {
-		c.stats.count(cENOBUFS, 1)
 		return 0, err
 	}
 	// The copy released mu: look again.
@@ -292,8 +314,10 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		h.SetAddr(uint64(x.mr.Addr))
 		h.SetRKey(x.mr.RKey)
 	}
-	if err := c.sendLocked(&h, b[:inline]); err != nil {
+	hook(stepSourceReady)
+	if err := c.sendGuardedLocked(&h, b[:inline], "write"); err != nil {
 		c.releaseSourceLocked(x)
+		c.nextTx-- // no rts went out
 		return 0, err
 	}
 	if x.copyD > 0 {
@@ -349,6 +373,7 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 			c.abortLocked(&abortError{err: errors.New("write deadline passed during a zero-copy transfer")})
 		}
 		if err != nil {
+			err = c.blameSourceLocked(x, err)
 			c.abandonTxLocked(x)
 			return inline, err
 		}
@@ -434,6 +459,8 @@ func (c *Conn) splitOfferLocked(b []byte) bool {
 		return false
 	case c.sharedSource(b):
 		return false // the peer maps it: one copy already
+	case c.bigWrite:
+		return false // copied (lowmem.go)
 	}
 	return c.hugeLocked(&c.hugeSrc, b, true)
 }
@@ -484,7 +511,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 			continue
 		}
 		if x.werr != nil {
-			return inline + int(x.off), x.werr
+			return inline + int(x.off), c.blameSourceLocked(x, x.werr)
 		}
 		if x.cts && c.err == nil && !c.qpDead && !c.closed {
 			c.serveCTSLocked(x, 0, stepBeforeWrite, stepBeforeWriteDone)
@@ -507,7 +534,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 				c.lastCancelled = x.id + 1
 				c.stats.count(cCancels, 1)
 			}
-			return inline + int(x.off), err
+			return inline + int(x.off), c.blameSourceLocked(x, err)
 		}
 		c.waitLocked(&c.wdl, true)
 	}
@@ -740,6 +767,7 @@ func (c *Conn) popRxLocked() {
 // n and whether the caller must wait for progress to get more.
 func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 	for n < len(b) {
+		c.readN = n // what a fault in the copies below leaves delivered (fault.go)
 		if len(c.staged) > 0 {
 			k := copy(b[n:], c.staged)
 			c.staged = c.staged[k:]
@@ -752,17 +780,18 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 		}
 		if c.rd.active {
 			op := &c.rd
+			sink := c.sinkLocked(b[n:]) // to blame if it faults (fault.go)
 			if !op.done && !op.cancelled {
 				if (!op.read || op.split && op.readDone) && (c.err != nil || c.closed || c.qpDead) {
 					// The sender will not serve our sink any more.
 					err := c.abandonRecvLocked()
-					return n, false, err
+					return n, false, c.blameLocked(sink, "read", err)
 				}
 				return n, true, nil
 			}
 			k, err := c.finishRecvLocked()
 			if err != nil {
-				return n, false, err
+				return n, false, c.blameLocked(sink, "read", err)
 			}
 			n += k
 			continue
@@ -852,6 +881,10 @@ func (c *Conn) tidyRxLocked() {
 func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	rem := e.size - e.off
 	direct := len(dst) >= c.cfg.DirectRead || uint32(len(dst)) >= rem
+	if direct && !c.dev.pinnable(len(dst)) {
+		direct = false // staged (lowmem.go)
+		c.stats.count(cFallbacks, 1)
+	}
 	if !e.read && c.rdl.isSet.Load() {
 		// A direct sink must be served before Read returns; with a
 		// deadline, use the staging buffer, which may be left behind.
@@ -880,14 +913,7 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	}
 	if !direct {
 		e.staged = true
-		if c.stage == nil {
-			if c.stage, err = c.dev.getTemp(int(min(rem, uint32(c.cfg.StagingSize)))); err != nil {
-				return err
-			}
-		}
-		buf = c.stage[:min(rem, uint32(len(c.stage)))]
-		if mr, err = c.dev.register(nic.NoOwner, buf, access); err != nil {
-			c.releaseStageLocked()
+		if buf, mr, err = c.stageLocked(rem, access); err != nil { // lowmem.go
 			return err
 		}
 	}
@@ -897,6 +923,9 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	// first read every line of it in.
 	nt := e.read && direct && len(dst) >= ntReadMin
 	c.rd = recvOp{active: true, direct: direct, nt: nt, read: e.read, id: e.id, off: e.off, n: uint32(len(buf)), mr: mr}
+	if direct {
+		hook(stepSinkReady)
+	}
 	local := buf
 	if split {
 		local = c.splitLocked(e, buf, mr)
@@ -913,6 +942,10 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 			c.rd = recvOp{}
 			c.dev.nic.Deregister(mr)
 			c.qpFailedLocked(err)
+			if direct {
+				// A split's tail may have failed the queue pair.
+				return c.blameLocked(buf, "read", c.writableLocked())
+			}
 			return c.writableLocked()
 		}
 		c.stats.count(cRDMAReads, 1)

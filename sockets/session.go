@@ -366,7 +366,11 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 		return c.writableLocked()
 	}
 	copy(buf, h[:])
+	// The payload may be application memory that faults (fault.go): the
+	// reservation is given back if it does (abandonSendLocked).
+	c.reserved = true
 	copy(buf[headerSize:], payload)
+	c.reserved = false
 	if err := c.qp.CommitSend(n); err != nil {
 		c.qpFailedLocked(err)
 		return c.writableLocked()
@@ -672,7 +676,7 @@ func (c *Conn) qpFailedLocked(reason error) {
 			return
 		}
 		if !c.peerFin {
-			c.resetLocked(&resetError{reason: "peer gone"})
+			c.resetLocked(&resetError{reason: goneReason(reason)})
 			return
 		}
 		// After a fin, reads end with EOF; writes fail.
@@ -784,10 +788,10 @@ func (c *Conn) teardown() {
 			keep = append(keep, c.stage)
 			c.stage, c.staged = nil, nil
 		}
-		// Seed 000: the connection's cached registrations go with it —
-		// the application buffers it pinned for zero-copy sends and
-		// direct reads. (Its control buffers are the device's, given
-		// back below once the queue pair is closed.)
+		// The connection's cached registrations go with it — the
+		// application buffers it pinned for zero-copy sends and direct
+		// reads (docs/origins.md: a connection's cached buffers are
+		// released before it closes).
 		d.nic.Flush(c.owner)
 		c.wakeLocked()
 		abortSent := c.abortSent

@@ -566,6 +566,9 @@ func TestUnprivileged(t *testing.T) {
 	if !strings.Contains(out, "CAP_BPF") && !strings.Contains(out, "bpf(2)") {
 		t.Errorf("error does not name the missing capability: %s", out)
 	}
+	if strings.Contains(out, "CAP_BPF") && strings.Contains(out, "MEMLOCK") {
+		t.Errorf("error blames RLIMIT_MEMLOCK for a missing capability: %s", out)
+	}
 }
 
 // TestDefaultOpen checks the default method order: the first method that

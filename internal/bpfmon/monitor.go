@@ -233,6 +233,12 @@ func mapError(err error) error {
 		what := "bpf(2) for this process"
 		if !sys.HasCap(sys.CapBPF) && !sys.HasCap(sys.CapSysAdmin) {
 			what = "CAP_BPF (or CAP_SYS_ADMIN)"
+			// The missing capability is the cause: cilium/ebpf's hint
+			// at RLIMIT_MEMLOCK, which it adds to every EPERM, is not.
+			var errno syscall.Errno
+			if errors.As(err, &errno) {
+				err = errno
+			}
 		}
 		return feature.Unsupported(what, "", fmt.Errorf("creating BPF maps: %w (unprivileged, lockdown, or kernel.unprivileged_bpf_disabled)", err))
 	}

@@ -63,7 +63,7 @@ func nextPow2(n int) int {
 
 func deviceConfig(cfg *config) *nic.Config {
 	c := nic.DefaultConfig()
-	c.RDMARead = !cfg.noRead
+	c.NoRDMARead = cfg.noRead
 	// Busy polling is the tool's own loop of Poll; the device's waits
 	// (where this side only waits for the peer, and the engine's wait for
 	// ring room) spin briefly and then sleep, so a waiting side does not

@@ -141,7 +141,7 @@ func parseArgs(stdout io.Writer, args []string) (*config, error) {
 	fs.IntVar(&iters, "n", iters, "`ITERS`: iterations per size (default 1000 for *_lat, at least 5; 5000 for *_bw; env "+envIters+")")
 	memory := fs.String("d", envOr(envDevice, "shm"), "`DEVICE` memory for this side's buffers: \"shm\", device memory from nic.Device.Alloc, a\nsegment the peer maps, so its RDMA is one copy (the fast path); or \"cma\", ordinary\nprocess memory the peer reaches with process_vm_readv/writev (env "+envDevice+")")
 	fs.BoolVar(&events, "e", events, "wait for completions by sleeping (futex) instead of busy polling, as perftest's -e;\nnot with write_lat, which polls memory (env "+envEvents+")")
-	fs.BoolVar(&noRead, "no-read", noRead, "open this side's device without RDMA Read (nic.Config.RDMARead = false); read_lat and\nread_bw then fail on both sides, whichever side has it (env "+envNoRead+")")
+	fs.BoolVar(&noRead, "no-read", noRead, "open this side's device without RDMA Read (nic.Config.NoRDMARead); read_lat and\nread_bw then fail on both sides, whichever side has it (env "+envNoRead+")")
 	addr := fs.String("addr", envOr(envAddr, defaultAddr), "`ADDRESS` the server listens on: a Unix socket path, or @name in the abstract\nnamespace (env "+envAddr+")")
 	fs.DurationVar(&timeout, "timeout", timeout, "longest wait for any one step of the peer (a message, a completion, its write);\n0 means none. The server waits for a client, and for the client's run of a\nsize where it only serves memory, without limit (env "+envTimeout+")")
 	usage := func() {
