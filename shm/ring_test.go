@@ -1,10 +1,10 @@
 package shm
 
 import (
-	"fmt"
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"

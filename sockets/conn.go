@@ -62,7 +62,7 @@ type session struct {
 	// not read holds its space (rxEntry.held), and so do the messages
 	// after it.
 	inPos, relPos uint64
-	reserved      bool // sendLocked holds a reservation in the ring to the peer
+	reserved      bool          // sendLocked holds a reservation in the ring to the peer
 	taken         uint64        // messages taken from the ring
 	heldN         int           // rx entries that hold ring space
 	interesting   bool          // a dispatch round saw more than send completions
@@ -133,7 +133,7 @@ type session struct {
 	eagerUntil       time.Time // large writes go as small messages until then (lowmem.go)
 	bigWrite         bool      // this write is too large to pin in place (lowmem.go)
 	hugeSrc, hugeDst span
-	lastRead         span // the last direct Read's buffer (splitsLocked)
+	lastRead         span // the last direct Read's buffer (acceptSplitLocked)
 
 	// Terminal state.
 	err       error // the connection failed: abort (ours) or reset (the peer's)

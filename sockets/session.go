@@ -485,49 +485,17 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	c.stats.count(cMsgsReceived, 1)
 	t := h.Type()
 	if !c.helloDone {
-		if t != msgHello {
-			if t == msgAbort {
-				c.resetLocked(&resetError{reason: string(payload)})
-				return
-			}
-			c.abortLocked(protoErr("first message is %v, not hello", t))
-			return
-		}
-		c.received++
-		c.onHelloLocked(&h, payload)
-		c.consumeLocked(true)
+		c.onFirstLocked(&h, payload)
 		return
 	}
-	// Credits: the peer may have at most window messages unacknowledged,
-	// the last two of which only for control and credit messages, the
-	// last one only for credit messages and aborts.
-	limit := c.window - uint32(classOf(t)) + 1
-	if c.received-c.ackSent >= limit {
-		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+	if !c.creditedLocked(&h) {
 		return
-	}
-	c.received++
-	if ack := h.Ack(); ack-c.peerAck > c.sent-c.peerAck {
-		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
-		return
-	} else {
-		c.peerAck = ack
 	}
 	switch t {
 	case msgHello:
 		c.abortLocked(protoErr("second hello"))
 	case msgData:
-		if c.closed {
-			c.abortLocked(&abortError{err: errLateData})
-			return
-		}
-		if c.peerFin {
-			c.abortLocked(protoErr("data after fin"))
-			return
-		}
-		e := rxEntry{kind: msgData, data: payload}
-		c.holdLocked(&e, start)
-		c.rx = append(c.rx, e)
+		c.onDataLocked(payload, start)
 	case msgRTS:
 		c.onRTSLocked(start, &h, payload)
 	case msgCTS:
@@ -542,16 +510,72 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	case msgCredit:
 		c.consumeLocked(true)
 	case msgFin:
-		if c.peerFin {
-			c.abortLocked(protoErr("second fin"))
-			return
-		}
-		c.peerFin = true
-		c.rx = append(c.rx, rxEntry{kind: msgFin})
-		c.consumeLocked(false)
+		c.onFinLocked()
 	case msgAbort:
 		c.resetLocked(&resetError{reason: string(payload)})
 	}
+}
+
+// onFirstLocked handles the peer's first message, which must be its hello
+// (or an abort that says why it refuses us).
+func (c *Conn) onFirstLocked(h *header, payload []byte) {
+	switch t := h.Type(); t {
+	case msgHello:
+		c.received++
+		c.onHelloLocked(h, payload)
+		c.consumeLocked(true)
+	case msgAbort:
+		c.resetLocked(&resetError{reason: string(payload)})
+	default:
+		c.abortLocked(protoErr("first message is %v, not hello", t))
+	}
+}
+
+// creditedLocked counts a message that came and takes its ack, and
+// aborts the connection if the peer had no credit for it or acknowledges
+// messages never sent. Credits: the peer may have at most window messages
+// unacknowledged, the last two of which only for control and credit
+// messages, the last one only for credit messages and aborts.
+func (c *Conn) creditedLocked(h *header) bool {
+	t := h.Type()
+	limit := c.window - uint32(classOf(t)) + 1
+	if c.received-c.ackSent >= limit {
+		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+		return false
+	}
+	c.received++
+	ack := h.Ack()
+	if ack-c.peerAck > c.sent-c.peerAck {
+		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
+		return false
+	}
+	c.peerAck = ack
+	return true
+}
+
+// onDataLocked queues eager data for Read, where it lies in the ring.
+func (c *Conn) onDataLocked(payload []byte, start uint64) {
+	switch {
+	case c.closed:
+		c.abortLocked(&abortError{err: errLateData})
+	case c.peerFin:
+		c.abortLocked(protoErr("data after fin"))
+	default:
+		e := rxEntry{kind: msgData, data: payload}
+		c.holdLocked(&e, start)
+		c.rx = append(c.rx, e)
+	}
+}
+
+// onFinLocked records the end of the peer's stream.
+func (c *Conn) onFinLocked() {
+	if c.peerFin {
+		c.abortLocked(protoErr("second fin"))
+		return
+	}
+	c.peerFin = true
+	c.rx = append(c.rx, rxEntry{kind: msgFin})
+	c.consumeLocked(false)
 }
 
 func (c *Conn) onHelloLocked(h *header, payload []byte) {
