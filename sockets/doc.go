@@ -2,7 +2,8 @@
 // the emulated NIC (package nic) for peers on this host, and plain TCP for
 // peers elsewhere, behind one API, so one program runs on one host or
 // many. It is the switch of Windows Sockets Direct with its session
-// protocol (docs/origins.md), which docs/protocol.md specifies.
+// protocol (docs/origins.md), which docs/protocol.md specifies;
+// docs/locking.md gives the order of its locks among the nic's and pin's.
 //
 // # Networks
 //
