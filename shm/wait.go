@@ -93,11 +93,11 @@ type WaitStats struct {
 
 // SpinCheckEvery is how many looks a spinning wait takes between looks at
 // the clock, the deadline and the failure state.
-const SpinCheckEvery = 64
+const SpinCheckEvery = 16
 
 // yieldEvery is how many clock looks a spin takes between yields
 // (runtime.Gosched): a few hundred microseconds.
-const yieldEvery = 256
+const yieldEvery = 1024
 
 // A Waitable is what a wait waits for.
 type Waitable interface {

@@ -13,6 +13,7 @@ import (
 	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/shm"
 )
 
 // Conn is a connection over shared memory: a nic queue pair driven by the
@@ -78,6 +79,8 @@ type session struct {
 	bellMR    *nic.MemoryRegion
 	replyDue  atomic.Bool // a message went out since the poller last slept
 	replyLook bool        // block mode with a ReplyWait: replyDue is kept
+	replySpin shm.WaitStrategy
+	reply     replyLook // awaitReply's wait, the poller's
 
 	// What the peer announced in its hello.
 	helloDone   bool

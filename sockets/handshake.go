@@ -35,6 +35,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	c.offerRead = !cfg.NoRDMARead && d.nic.Attr().RDMARead
 	c.maxInline = d.nic.Attr().MaxInline
 	c.replyLook = cfg.Wait.Mode == shm.WaitBlock && cfg.ReplyWait > 0
+	c.replySpin = shm.NewWaitStrategy(shm.WaitConfig{Mode: shm.WaitBusyPoll})
 	fail := func(err error) (*Conn, error) {
 		c.mu.Lock()
 		c.tearing = true

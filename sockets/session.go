@@ -280,23 +280,39 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 
 // awaitReply polls for Config.ReplyWait, in block mode, after this side
 // sent a message: the answer to it may be on its way, and finding it costs
-// less than a sleep and a wake-up. It returns how many completions it
-// took and whether anything came (a message in the ring, or completions);
-// false when the wait was kicked, its deadline passed or nothing came.
+// less than a sleep and a wake-up. It spins (shm.WaitStrategy, busy) and
+// returns how many completions it took and whether anything came (a
+// message in the ring, or completions); false when the wait was kicked,
+// its deadline passed or nothing came. The caller is the poller.
 func (c *Conn) awaitReply(comps []nic.Completion, dl *deadline, k uint32) (int, bool) {
-	end := time.Now().Add(c.cfg.ReplyWait)
-	for i := 1; ; i++ {
-		if n := c.cq.Poll(comps); n > 0 || c.qp.RecvPending() {
-			return n, true // n == 0: the answer is in the ring
-		}
-		// A poll is cheap (docs/performance.md): look at the clock every eighth.
-		if i%8 == 0 {
-			if c.kick.Load() != k || dl != nil && dl.expired.Load() || time.Now().After(end) {
-				return 0, false
-			}
-		}
-	}
+	c.reply = replyLook{c: c, comps: comps, dl: dl, k: k}
+	c.replySpin.Wait(&c.reply, nil, time.Now().Add(c.cfg.ReplyWait))
+	r := c.reply
+	c.reply = replyLook{}
+	return r.n, r.got
 }
+
+// replyLook is awaitReply's wait: a poll of the completion queue and the
+// ring, ended early by a kick or the deadline.
+type replyLook struct {
+	c     *Conn
+	comps []nic.Completion
+	dl    *deadline
+	k     uint32
+	n     int
+	got   bool
+}
+
+func (r *replyLook) Ready() bool {
+	c := r.c
+	if r.n = c.cq.Poll(r.comps); r.n > 0 || c.qp.RecvPending() {
+		r.got = true
+		return true
+	}
+	return c.kick.Load() != r.k || r.dl != nil && r.dl.expired.Load()
+}
+
+func (r *replyLook) Arm(uint32) {} // it never parks
 
 // repostLocked gives back the ring space of what was read.
 func (c *Conn) repostLocked() { c.releaseLocked() }
