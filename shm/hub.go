@@ -310,12 +310,11 @@ func (w *Waiter) Wake() {
 func (w *Waiter) Park(ready func() bool, deadline time.Time) (bool, error) {
 	w.sleeping.Store(1)
 	defer w.sleeping.Store(0)
-	// A token left by an earlier wake-up is stale: what it announced
-	// happened before ready looks.
-	select {
-	case <-w.ch:
-	default:
-	}
+	// A token left by an earlier wake-up is not dropped: the wake-up may
+	// have taken the caller's announcement (a waker swaps the doorbell to
+	// zero) for a change that does not end the wait yet, and a park after
+	// it would never be woken. It ends this park at once instead; the
+	// caller announces again and looks again (WaitStrategy).
 	if ready != nil && ready() {
 		return true, nil
 	}
