@@ -237,7 +237,7 @@ func park(x Waitable, w *Waiter, deadline time.Time) error {
 		// Announce, then re-check (in Park): a waker makes its change,
 		// then takes the doorbell, so one of us sees the other.
 		x.Arm(w.Bell())
-		ok, err := w.Park(x.Ready, deadline)
+		ok, err := w.Park(x, deadline)
 		x.Arm(0)
 		if ok || x.Ready() {
 			return nil
