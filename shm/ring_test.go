@@ -479,3 +479,32 @@ func TestParseWaitMode(t *testing.T) {
 		t.Error("negative spin validated")
 	}
 }
+
+// TestAdaptiveSpinsWhileItPays: an adaptive wait spins while its waits
+// are shorter than the spin on average; once they are long it parks at
+// once but for one probe in probeEvery, and short waits bring the spin
+// back.
+func TestAdaptiveSpinsWhileItPays(t *testing.T) {
+	s := NewWaitStrategy(WaitConfig{Mode: WaitAdaptive, Spin: 20 * time.Microsecond})
+	if !s.spins() {
+		t.Fatal("a fresh strategy does not spin")
+	}
+	for range 40 {
+		s.learn(time.Millisecond) // waits much longer than the spin
+	}
+	spun := 0
+	for range 2 * probeEvery {
+		if s.spins() {
+			spun++
+		}
+	}
+	if spun != 2 {
+		t.Fatalf("after long waits, %d spins in %d waits, want the 2 probes", spun, 2*probeEvery)
+	}
+	for range 40 {
+		s.learn(time.Microsecond)
+	}
+	if !s.spins() || !s.spins() {
+		t.Fatal("short waits did not bring the spin back")
+	}
+}
