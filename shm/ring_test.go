@@ -504,7 +504,9 @@ func TestAdaptiveSpinsWhileItPays(t *testing.T) {
 	for range 40 {
 		s.learn(time.Microsecond)
 	}
-	if !s.spins() || !s.spins() {
-		t.Fatal("short waits did not bring the spin back")
+	for i := range 2 {
+		if !s.spins() {
+			t.Fatalf("wait %d after short waits did not spin", i)
+		}
 	}
 }
