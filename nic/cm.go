@@ -22,83 +22,6 @@ import (
 // later messages announce new memory segments, and its hang-up tells the
 // survivor that the peer is gone. docs/nic.md describes the messages.
 
-const (
-	cmMagic      = 0x4d434453 // "SDCM"
-	cmVersion    = 3          // 2: SEG_DEL; 3: wake hubs
-	cmMinVersion = 3
-	cmHelloSize  = 32
-	cmMaxReason  = 200
-	cmFlagRead   = 1 << 0
-	cmFlagReject = 1 << 31
-
-	cmSegAdd  = 1 // a memory segment, with its fd
-	cmSegDeny = 2 // a memory segment not shared with this peer, no fd
-	cmSegDel  = 3 // a memory segment freed, no fd (version 2)
-	cmMsgSize = 8
-)
-
-// hello is the handshake message, both ways.
-type hello struct {
-	minVer, maxVer uint16
-	flags          uint32
-	maxInline      uint32
-	maxRegions     uint32
-	ringCapacity   uint32 // the dialer's queue pair segment; 0 in the reply
-	maxSend        uint32
-	reason         string // a reject's reason
-}
-
-func (h *hello) marshal() []byte {
-	b := make([]byte, cmHelloSize, cmHelloSize+len(h.reason))
-	binary.LittleEndian.PutUint32(b[0:], cmMagic)
-	binary.LittleEndian.PutUint16(b[4:], h.minVer)
-	binary.LittleEndian.PutUint16(b[6:], h.maxVer)
-	binary.LittleEndian.PutUint32(b[8:], h.flags)
-	binary.LittleEndian.PutUint32(b[12:], h.maxInline)
-	binary.LittleEndian.PutUint32(b[16:], h.maxRegions)
-	binary.LittleEndian.PutUint32(b[20:], h.ringCapacity)
-	binary.LittleEndian.PutUint32(b[24:], h.maxSend)
-	return append(b, h.reason...)
-}
-
-// parseHello decodes and validates a handshake message from a peer.
-func parseHello(b []byte) (hello, error) {
-	var h hello
-	if len(b) < cmHelloSize || len(b) > cmHelloSize+cmMaxReason {
-		return h, fmt.Errorf("%w: handshake of %d bytes", ErrProtocol, len(b))
-	}
-	if m := binary.LittleEndian.Uint32(b[0:]); m != cmMagic {
-		return h, fmt.Errorf("%w: handshake magic %#x", ErrProtocol, m)
-	}
-	h.minVer = binary.LittleEndian.Uint16(b[4:])
-	h.maxVer = binary.LittleEndian.Uint16(b[6:])
-	h.flags = binary.LittleEndian.Uint32(b[8:])
-	h.maxInline = binary.LittleEndian.Uint32(b[12:])
-	h.maxRegions = binary.LittleEndian.Uint32(b[16:])
-	h.ringCapacity = binary.LittleEndian.Uint32(b[20:])
-	h.maxSend = binary.LittleEndian.Uint32(b[24:])
-	if r := binary.LittleEndian.Uint32(b[28:]); r != 0 {
-		return h, fmt.Errorf("%w: reserved handshake word %#x", ErrProtocol, r)
-	}
-	h.reason = string(b[cmHelloSize:])
-	if h.flags&cmFlagReject != 0 {
-		return h, nil
-	}
-	switch {
-	case h.minVer == 0 || h.minVer > h.maxVer:
-		return h, fmt.Errorf("%w: versions [%d, %d]", ErrProtocol, h.minVer, h.maxVer)
-	case h.flags&^cmFlagRead != 0:
-		return h, fmt.Errorf("%w: unknown flags %#x", ErrProtocol, h.flags)
-	case h.maxRegions == 0 || h.maxRegions > maxRegEntries:
-		return h, fmt.Errorf("%w: %d regions", ErrProtocol, h.maxRegions)
-	case h.maxSend > shm.MaxRingCapacity || h.maxInline > h.maxSend:
-		return h, fmt.Errorf("%w: max send %d, inline %d", ErrProtocol, h.maxSend, h.maxInline)
-	case h.ringCapacity != 0 && (h.ringCapacity < shm.MinRingCapacity || h.ringCapacity > shm.MaxRingCapacity || h.ringCapacity&(h.ringCapacity-1) != 0):
-		return h, fmt.Errorf("%w: ring capacity %d", ErrProtocol, h.ringCapacity)
-	}
-	return h, nil
-}
-
 // negotiate picks the highest version both sides speak.
 func negotiate(h hello) (uint16, error) {
 	v := min(h.maxVer, cmVersion)
@@ -268,11 +191,7 @@ func (d *Device) checkPeer(conn *net.UnixConn, side string) (pid int, uid uint32
 // reject tells the dialer why we refuse it. (The dialer prefixes
 // ErrRefused itself.)
 func reject(conn *net.UnixConn, reason error) {
-	msg := strings.TrimPrefix(reason.Error(), ErrRefused.Error()+": ")
-	if len(msg) > cmMaxReason {
-		msg = msg[:cmMaxReason]
-	}
-	h := hello{flags: cmFlagReject, reason: msg}
+	h := rejectHello(strings.TrimPrefix(reason.Error(), ErrRefused.Error()+": "))
 	conn.Write(h.marshal())
 }
 
@@ -282,21 +201,18 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 	if err != nil {
 		// Take the dialer's hello first: a socket closed with it unread
 		// resets the dialer, which would never read the reason.
-		if _, fds, rerr := sys.RecvFds(conn, make([]byte, cmHelloSize+cmMaxReason+1), 4); rerr == nil {
+		if _, fds, rerr := sys.RecvFds(conn, make([]byte, cmRecvSize), cmMaxFds); rerr == nil {
 			sys.CloseAll(fds)
 		}
 		reject(conn, err)
 		return nil, err
 	}
-	buf := make([]byte, cmHelloSize+cmMaxReason+1)
-	n, fds, err := sys.RecvFds(conn, buf, 4)
+	buf := make([]byte, cmRecvSize)
+	n, fds, err := sys.RecvFds(conn, buf, cmMaxFds)
 	if err != nil {
 		return nil, fmt.Errorf("%w: handshake: %v", ErrProtocol, err)
 	}
-	h, err := parseHello(buf[:n])
-	if err == nil && (len(fds) != 4 || h.ringCapacity == 0 || h.flags&cmFlagReject != 0) {
-		err = fmt.Errorf("%w: hello with %d fds, ring capacity %d", ErrProtocol, len(fds), h.ringCapacity)
-	}
+	h, err := parseRequest(buf[:n], len(fds))
 	var ver uint16
 	if err == nil {
 		ver, err = negotiate(h)
@@ -383,18 +299,12 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	if err := sys.SendFds(conn, h.marshal(), seg.Fd(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
 		return nil, fmt.Errorf("nic: handshake: %w", err)
 	}
-	buf := make([]byte, cmHelloSize+cmMaxReason+1)
-	n, fds, err := sys.RecvFds(conn, buf, 4)
+	buf := make([]byte, cmRecvSize)
+	n, fds, err := sys.RecvFds(conn, buf, cmMaxFds)
 	if err != nil {
 		return nil, fmt.Errorf("%w: handshake reply: %v", ErrProtocol, err)
 	}
-	r, err := parseHello(buf[:n])
-	if err == nil && r.flags&cmFlagReject != 0 {
-		err = fmt.Errorf("%w by peer: %s", ErrRefused, r.reason)
-	}
-	if err == nil && len(fds) != 3 {
-		err = fmt.Errorf("%w: reply with %d fds", ErrProtocol, len(fds))
-	}
+	r, err := parseReply(buf[:n], len(fds))
 	var ver uint16
 	if err == nil {
 		ver, err = negotiate(r)
@@ -558,8 +468,6 @@ func (d *Device) start(qp *QueuePair) {
 // peer of another uid than the segment's, its number alone: the peer then
 // fails RDMA on it at once instead of waiting for the segment.
 func (qp *QueuePair) announceSegment(ms *memSegment) {
-	var msg [cmMsgSize]byte
-	binary.LittleEndian.PutUint32(msg[4:], ms.idx)
 	qp.connMu.Lock()
 	defer qp.connMu.Unlock()
 	if ms.freed.Load() {
@@ -571,11 +479,11 @@ func (qp *QueuePair) announceSegment(ms *memSegment) {
 	qp.announced[ms.idx] = struct{}{}
 	// A failure means the connection is gone; the reader reports that.
 	if qp.peer.uid != ms.uid {
-		binary.LittleEndian.PutUint32(msg[0:], cmSegDeny)
+		msg := cmMsg{typ: cmSegDeny, idx: ms.idx}.marshal()
 		sys.SendFds(qp.conn, msg[:])
 		return
 	}
-	binary.LittleEndian.PutUint32(msg[0:], cmSegAdd)
+	msg := cmMsg{typ: cmSegAdd, idx: ms.idx}.marshal()
 	sys.SendFds(qp.conn, msg[:], ms.seg.Fd())
 }
 
@@ -586,9 +494,7 @@ func (qp *QueuePair) announceSegment(ms *memSegment) {
 // retracted or never sent. A version 1 peer keeps its mapping until the
 // queue pair closes.
 func (qp *QueuePair) retractSegment(idx uint32) {
-	var msg [cmMsgSize]byte
-	binary.LittleEndian.PutUint32(msg[0:], cmSegDel)
-	binary.LittleEndian.PutUint32(msg[4:], idx)
+	msg := cmMsg{typ: cmSegDel, idx: idx}.marshal()
 	qp.connMu.Lock()
 	defer qp.connMu.Unlock()
 	if _, ok := qp.announced[idx]; !ok {
@@ -668,24 +574,22 @@ func (qp *QueuePair) readConn() {
 			sys.CloseAll(fds)
 			break
 		}
-		typ := binary.LittleEndian.Uint32(buf)
-		del := typ == cmSegDel && qp.peer.version >= 2
-		if n != cmMsgSize || !(typ == cmSegAdd && len(fds) == 1 || (typ == cmSegDeny || del) && len(fds) == 0) {
+		m, err := parseCMMsg(buf[:n], len(fds), qp.peer.version)
+		if err != nil {
 			sys.CloseAll(fds)
-			reason = fmt.Errorf("%w: control message of %d bytes, type %d, with %d fds", ErrProtocol, n, typ, len(fds))
+			reason = err
 			break
 		}
-		idx := binary.LittleEndian.Uint32(buf[4:])
-		if del {
-			if err := qp.dropPeerSegment(idx); err != nil {
+		if m.typ == cmSegDel {
+			if err := qp.dropPeerSegment(m.idx); err != nil {
 				reason = err
 				break
 			}
 			continue
 		}
+		idx := m.idx
 		seg := deniedSegment
-		if typ == cmSegAdd {
-			var err error
+		if m.typ == cmSegAdd {
 			if seg, err = importSegment(fds[0], kindMemory, memDataOff+1, false); err != nil {
 				reason = fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, idx, err)
 				break
