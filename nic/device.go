@@ -156,6 +156,8 @@ type Device struct {
 	eng *engine
 
 	retired Stats // counters of closed queue pairs; guarded by mu
+
+	parked parkedImports // peers' mappings kept for the next queue pairs; guarded by imports.mu
 }
 
 type memSegment struct {
@@ -298,6 +300,7 @@ func (d *Device) Close() error {
 	for _, qp := range qps {
 		qp.Close()
 	}
+	d.closeParked()
 	d.eng.stop()
 	if d.cache != nil {
 		d.cache.Close()

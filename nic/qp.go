@@ -915,11 +915,13 @@ func (qp *QueuePair) Close() error {
 		qp.sqMu.Unlock()
 		qp.awaitRetired() // the reader, which starts them, is done
 		qp.seg.Close()
-		releaseNotifier(qp.note)
-		releaseImport(qp.peer.tableSeg)
+		// The peer's hub, table and segments stay mapped a while for the
+		// device's next queue pairs (imports.go).
+		parkNotifier(qp.note, qp.dev)
+		parkImport(qp.peer.tableSeg, qp.dev)
 		qp.peer.segMu.Lock()
 		for _, s := range qp.peer.segs {
-			releaseImport(s)
+			parkImport(s, qp.dev)
 		}
 		qp.peer.segs = nil
 		qp.peer.segMu.Unlock()
