@@ -31,8 +31,9 @@ func negotiate(h hello) (uint16, error) {
 	return v, nil
 }
 
-func (d *Device) hello(ringCapacity int) hello {
+func (d *Device) hello(ringCapacity int, private []byte) hello {
 	h := hello{
+		private:      private,
 		minVer:       cmMinVersion,
 		maxVer:       cmVersion,
 		maxInline:    uint32(d.attr.MaxInline),
@@ -66,11 +67,25 @@ type QPOptions struct {
 	InPlace bool
 	// Timeout bounds the handshake; zero means 10 s.
 	Timeout time.Duration
+	// PrivateData travels with the handshake, at most MaxPrivateData
+	// bytes, as RDMA CM's private data does: a dialer's with its request,
+	// a listener's with its reply. The peer reads it with
+	// QueuePair.PeerPrivateData. A layer above can so settle its own
+	// parameters in the same round trip.
+	PrivateData []byte
+	// Answer, on a listener, sees the dialer's private data after the
+	// policy and the request passed their checks and returns the reply's
+	// private data, in place of PrivateData. An error refuses the dialer,
+	// its text the reason it reads. It runs on the handshake's goroutine.
+	Answer func(dialer []byte) (reply []byte, err error)
 }
 
 func (o *QPOptions) check() error {
 	if o.SendCQ == nil || o.RecvCQ == nil {
 		return errors.New("nic: QPOptions needs a send and a receive CQ")
+	}
+	if len(o.PrivateData) > MaxPrivateData {
+		return fmt.Errorf("nic: %d bytes of private data, more than %d", len(o.PrivateData), MaxPrivateData)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Second
@@ -217,18 +232,23 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 	if err == nil {
 		ver, err = negotiate(h)
 	}
+	private := opts.PrivateData
+	if err == nil && opts.Answer != nil {
+		private, err = answer(opts.Answer, h.private)
+	}
 	if err != nil {
 		sys.CloseAll(fds)
 		reject(conn, err)
 		return nil, err
 	}
-	qp, err := d.newQP(conn, opts, false, [4]int(fds), int(h.ringCapacity))
+	qp, err := d.newQP(conn, opts, false, qpFiles{qp: fds[0], table: fds[1], hubTable: fds[2], hubPipe: fds[3]}, int(h.ringCapacity))
 	if err != nil {
 		reject(conn, err)
 		return nil, err
 	}
 	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version = pid, uid, h.attr(), ver
-	reply := d.hello(0)
+	qp.peer.private = h.private
+	reply := d.hello(0, private)
 	hubTable, hubEvent := d.hub.Fds()
 	if err := sys.SendFds(conn, reply.marshal(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
 		qp.Close()
@@ -237,6 +257,18 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 	conn.SetDeadline(time.Time{})
 	d.start(qp)
 	return qp, nil
+}
+
+// answer runs a listener's Answer on the dialer's private data.
+func answer(f func([]byte) ([]byte, error), dialer []byte) ([]byte, error) {
+	reply, err := f(dialer)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", ErrRefused, err)
+	case len(reply) > MaxPrivateData:
+		return nil, fmt.Errorf("nic: answer of %d bytes of private data, more than %d", len(reply), MaxPrivateData)
+	}
+	return reply, nil
 }
 
 // Dial connects a queue pair to the listener at addr.
@@ -280,7 +312,20 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer seg.Close() // the queue pair maps its own copy below
+	qp, err := d.dialSegment(conn, opts, seg, capacity)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	qp.peer.pid, qp.peer.uid = pid, uid
+	conn.SetDeadline(time.Time{})
+	d.start(qp)
+	return qp, nil
+}
+
+// dialSegment initializes seg, the new queue pair's, sends the hello with
+// it and completes the handshake; the queue pair keeps this mapping.
+func (d *Device) dialSegment(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int) (*QueuePair, error) {
 	mem := seg.Bytes()
 	binary.LittleEndian.PutUint32(mem[qpMagicOff:], qpMagic)
 	binary.LittleEndian.PutUint32(mem[qpVersionOff:], qpVersion)
@@ -294,7 +339,7 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 			return nil, err
 		}
 	}
-	h := d.hello(capacity)
+	h := d.hello(capacity, opts.PrivateData)
 	hubTable, hubEvent := d.hub.Fds()
 	if err := sys.SendFds(conn, h.marshal(), seg.Fd(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
 		return nil, fmt.Errorf("nic: handshake: %w", err)
@@ -313,33 +358,44 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		sys.CloseAll(fds)
 		return nil, err
 	}
-	qpFd, err := sys.Dup(seg.Fd())
-	if err != nil {
-		sys.CloseAll(fds)
-		return nil, err
-	}
-	qp, err := d.newQP(conn, opts, true, [4]int{qpFd, fds[0], fds[1], fds[2]}, capacity)
+	// The peer has its own fd of the segment: ours goes, the mapping
+	// stays the queue pair's.
+	seg.DropFd()
+	qp, err := d.newQP(conn, opts, true, qpFiles{seg: seg, qp: -1, table: fds[0], hubTable: fds[1], hubPipe: fds[2]}, capacity)
 	if err != nil {
 		return nil, err
 	}
-	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version = pid, uid, r.attr(), ver
-	conn.SetDeadline(time.Time{})
-	d.start(qp)
+	qp.peer.attr, qp.peer.version, qp.peer.private = r.attr(), ver, r.private
 	return qp, nil
 }
 
+// qpFiles are what a queue pair is made of: its segment, mapped (the
+// dialer's) or as an fd (the acceptor's), and the peer's registration
+// table and wake hub.
+type qpFiles struct {
+	seg                          *shm.Segment // nil: map qp
+	qp, table, hubTable, hubPipe int
+}
+
+// closeQP closes the queue pair's segment, mapped or not.
+func (f *qpFiles) closeQP() {
+	if f.seg != nil {
+		f.seg.Close()
+		return
+	}
+	sys.Close(f.qp)
+}
+
 // newQP maps the queue pair segment, the peer's registration table and
-// its wake hub (taking ownership of the fds: queue pair segment,
-// registration table, hub table, hub pipe) and attaches to the rings.
-func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, fds [4]int, capacity int) (*QueuePair, error) {
-	qpFd, tableFd := fds[0], fds[1]
-	note, err := importNotifier(fds[2], fds[3])
+// its wake hub (taking ownership of them all) and attaches to the rings.
+func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFiles, capacity int) (*QueuePair, error) {
+	note, err := importNotifier(f.hubTable, f.hubPipe)
 	if err != nil {
-		sys.Close(qpFd)
-		sys.Close(tableFd)
+		f.closeQP()
+		sys.Close(f.table)
 		return nil, fmt.Errorf("%w: peer wake hub: %v", ErrProtocol, err)
 	}
-	qp, err := d.mapQP(conn, opts, dialer, qpFd, tableFd, capacity, note)
+	qp, err := d.mapQP(conn, opts, dialer, f, capacity, note)
 	if err != nil {
 		releaseNotifier(note)
 	}
@@ -347,31 +403,33 @@ func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, fds [4]i
 }
 
 // mapQP is newQP once the peer's hub is open.
-func (d *Device) mapQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, tableFd, capacity int, note *shm.Notifier) (*QueuePair, error) {
-	tseg, err := importSegment(tableFd, kindRegTable, regEntriesStart, true)
+func (d *Device) mapQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFiles, capacity int, note *shm.Notifier) (*QueuePair, error) {
+	tseg, err := importSegment(f.table, kindRegTable, regEntriesStart, true)
 	if err != nil {
-		sys.Close(qpFd)
+		f.closeQP()
 		return nil, fmt.Errorf("%w: peer registration table: %v", ErrProtocol, err)
 	}
 	if !tseg.WritesSealed() {
 		// Anyone else holding the fd could rewrite the keys we check.
 		releaseImport(tseg)
-		sys.Close(qpFd)
+		f.closeQP()
 		return nil, fmt.Errorf("%w: peer registration table not sealed against writes", ErrProtocol)
 	}
 	table, err := validateTable(tseg)
 	if err != nil {
-		sys.Close(qpFd)
+		f.closeQP()
 		releaseImport(tseg)
 		return nil, err
 	}
-	seg, err := shm.OpenSegmentLazy(qpFd, kindQP, qpSegmentSize(capacity))
-	if err != nil {
-		releaseImport(tseg)
-		return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
+	seg := f.seg
+	if seg == nil {
+		if seg, err = shm.OpenSegmentLazy(f.qp, kindQP, qpSegmentSize(capacity)); err != nil {
+			releaseImport(tseg)
+			return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
+		}
+		// The queue pair's memory is never passed on: the mapping is enough.
+		seg.DropFd()
 	}
-	// The queue pair's memory is never passed on: the mapping is enough.
-	seg.DropFd()
 	fail := func(err error) (*QueuePair, error) {
 		seg.Close()
 		releaseImport(tseg)

@@ -26,7 +26,8 @@ import (
 //	+---------------+---------------+
 //	| max send      | reserved (0)  | 24
 //	+---------------+---------------+
-//	| reject reason (reject only)   | 32
+//	| private data, or a reject's   | 32
+//	| reason                        |
 //
 // Control messages after the handshake (SEG_ADD, SEG_DENY, SEG_DEL):
 //
@@ -56,9 +57,12 @@ const (
 
 const (
 	cmMagic      = 0x4d434453 // "SDCM"
-	cmVersion    = 3          // 2: SEG_DEL; 3: wake hubs
-	cmMinVersion = 3
+	cmVersion    = 4          // 2: SEG_DEL; 3: wake hubs; 4: private data
+	cmMinVersion = 4
 	cmMaxReason  = 200 // bytes of a reject's reason
+	// cmMaxTail is the most that follows a hello: private data or a
+	// reason.
+	cmMaxTail = max(cmMaxReason, MaxPrivateData)
 
 	cmFlagRead   = 1 << 0  // this device initiates RDMA Reads
 	cmFlagReject = 1 << 31 // a reject: the reason follows the hello
@@ -75,8 +79,12 @@ const (
 	cmMaxFds     = cmRequestFds // a receive buffer's room for fds
 	// cmRecvSize is a receive buffer for a hello: one byte more than the
 	// largest, so that a longer datagram shows as such, not cut short.
-	cmRecvSize = cmHelloSize + cmMaxReason + 1
+	cmRecvSize = cmHelloSize + cmMaxTail + 1
 )
+
+// MaxPrivateData is the most private data a handshake carries each way
+// (QPOptions.PrivateData).
+const MaxPrivateData = 200
 
 // hello is the handshake message, both ways.
 type hello struct {
@@ -86,11 +94,12 @@ type hello struct {
 	maxRegions     uint32
 	ringCapacity   uint32 // the dialer's queue pair segment; 0 in the reply
 	maxSend        uint32
+	private        []byte // the application's, opaque here (QPOptions.PrivateData)
 	reason         string // a reject's reason
 }
 
 func (h hello) marshal() []byte {
-	b := make([]byte, cmHelloSize, cmHelloSize+len(h.reason))
+	b := make([]byte, cmHelloSize, cmHelloSize+len(h.reason)+len(h.private))
 	binary.LittleEndian.PutUint32(b[helMagicOff:], cmMagic)
 	binary.LittleEndian.PutUint16(b[helMinVerOff:], h.minVer)
 	binary.LittleEndian.PutUint16(b[helMaxVerOff:], h.maxVer)
@@ -99,7 +108,10 @@ func (h hello) marshal() []byte {
 	binary.LittleEndian.PutUint32(b[helRegionsOff:], h.maxRegions)
 	binary.LittleEndian.PutUint32(b[helRingCapOff:], h.ringCapacity)
 	binary.LittleEndian.PutUint32(b[helMaxSendOff:], h.maxSend)
-	return append(b, h.reason...)
+	if h.flags&cmFlagReject != 0 {
+		return append(b, h.reason...)
+	}
+	return append(b, h.private...)
 }
 
 // rejectHello is the reject carrying reason, cut to cmMaxReason bytes.
@@ -114,7 +126,7 @@ func rejectHello(reason string) hello {
 // reject is returned as it came, with only its reason checked.
 func parseHello(b []byte) (hello, error) {
 	var h hello
-	if len(b) < cmHelloSize || len(b) > cmHelloSize+cmMaxReason {
+	if len(b) < cmHelloSize || len(b) > cmHelloSize+cmMaxTail {
 		return h, fmt.Errorf("%w: handshake of %d bytes", ErrProtocol, len(b))
 	}
 	if m := binary.LittleEndian.Uint32(b[helMagicOff:]); m != cmMagic {
@@ -130,14 +142,21 @@ func parseHello(b []byte) (hello, error) {
 	if r := binary.LittleEndian.Uint32(b[helReservedOff:]); r != 0 {
 		return h, fmt.Errorf("%w: reserved handshake word %#x", ErrProtocol, r)
 	}
-	h.reason = string(b[cmHelloSize:])
+	tail := b[cmHelloSize:]
 	if h.flags&cmFlagReject != 0 {
-		h.reason = printable(h.reason)
+		if len(tail) > cmMaxReason {
+			return h, fmt.Errorf("%w: reject reason of %d bytes", ErrProtocol, len(tail))
+		}
+		h.reason = printable(string(tail))
 		return h, nil
 	}
+	if len(tail) > MaxPrivateData {
+		return h, fmt.Errorf("%w: %d bytes of private data", ErrProtocol, len(tail))
+	}
+	if len(tail) > 0 {
+		h.private = append([]byte(nil), tail...)
+	}
 	switch {
-	case len(h.reason) != 0:
-		return h, fmt.Errorf("%w: %d bytes after a hello that is no reject", ErrProtocol, len(h.reason))
 	case h.minVer == 0 || h.minVer > h.maxVer:
 		return h, fmt.Errorf("%w: versions [%d, %d]", ErrProtocol, h.minVer, h.maxVer)
 	case h.flags&^cmFlagRead != 0:

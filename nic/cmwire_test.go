@@ -24,6 +24,10 @@ func TestCMLayout(t *testing.T) {
 	if got := r.marshal(); len(got) != cmHelloSize+3 || string(got[cmHelloSize:]) != "why" {
 		t.Fatalf("reject bytes % x", got)
 	}
+	h.private = []byte("data")
+	if got := h.marshal(); !bytes.Equal(got, append(want, "data"...)) {
+		t.Fatalf("hello with private data: % x", got)
+	}
 	m := cmMsg{typ: cmSegDel, idx: 0x01020304}.marshal()
 	if !bytes.Equal(m[:], []byte{3, 0, 0, 0, 4, 3, 2, 1}) {
 		t.Fatalf("control message bytes % x", m)
@@ -34,7 +38,7 @@ func TestCMLayout(t *testing.T) {
 	}{
 		{"hello", cmHelloSize, 32},
 		{"control message", cmMsgSize, 8},
-		{"receive buffer", cmRecvSize, cmHelloSize + cmMaxReason + 1},
+		{"receive buffer", cmRecvSize, cmHelloSize + max(cmMaxReason, MaxPrivateData) + 1},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %d bytes, want %d", c.name, c.got, c.want)
@@ -44,9 +48,13 @@ func TestCMLayout(t *testing.T) {
 
 func TestParseHello(t *testing.T) {
 	d := openDevice(t, nil)
-	good := d.hello(1 << 16)
-	if h, err := parseHello(good.marshal()); err != nil || h.attr() != d.Attr() {
+	good := d.hello(1<<16, nil)
+	if h, err := parseHello(good.marshal()); err != nil || h.attr() != d.Attr() || h.private != nil {
 		t.Fatalf("round trip: %+v %v", h, err)
+	}
+	withData := d.hello(1<<16, bytes.Repeat([]byte{7}, MaxPrivateData))
+	if h, err := parseHello(withData.marshal()); err != nil || !bytes.Equal(h.private, withData.private) {
+		t.Fatalf("round trip with private data: %+v %v", h, err)
 	}
 	bad := func(f func(h *hello)) []byte { h := good; f(&h); return h.marshal() }
 	for _, c := range []struct {
@@ -62,7 +70,7 @@ func TestParseHello(t *testing.T) {
 		{"too many regions", bad(func(h *hello) { h.maxRegions = maxRegEntries + 1 })},
 		{"ring", bad(func(h *hello) { h.ringCapacity = 1000 })},
 		{"inline", bad(func(h *hello) { h.maxInline = h.maxSend + 1 })},
-		{"reason on a hello", bad(func(h *hello) { h.reason = "x" })},
+		{"too much private data", bad(func(h *hello) { h.private = make([]byte, MaxPrivateData+1) })},
 		{"long reason", append(rejectHello("x").marshal(), make([]byte, cmMaxReason)...)},
 		{"reserved set", func() []byte { b := good.marshal(); b[helReservedOff] = 1; return b }()},
 	} {
@@ -77,7 +85,7 @@ func TestParseHello(t *testing.T) {
 
 func TestParseRequestReply(t *testing.T) {
 	d := openDevice(t, nil)
-	req, rep := d.hello(1<<16), d.hello(0)
+	req, rep := d.hello(1<<16, nil), d.hello(0, nil)
 	for _, c := range []struct {
 		name  string
 		reply bool
@@ -156,7 +164,8 @@ func TestNegotiate(t *testing.T) {
 		}
 	}
 	// Versions before cmMinVersion lack what this one needs (wake hubs
-	// since 3): a peer that speaks no later one is refused.
+	// since 3, private data since 4): a peer that speaks no later one is
+	// refused.
 	for v := uint16(1); v < cmMinVersion; v++ {
 		if _, err := negotiate(hello{minVer: 1, maxVer: v}); !errors.Is(err, ErrRefused) {
 			t.Errorf("negotiate with a peer of versions [1, %d]: %v, want refused", v, err)
@@ -172,9 +181,9 @@ func FuzzParseHello(f *testing.F) {
 		f.Fatal(err)
 	}
 	defer d.Close()
-	h := d.hello(1 << 16)
+	h := d.hello(1<<16, nil)
 	f.Add(h.marshal())
-	f.Add(d.hello(0).marshal())
+	f.Add(d.hello(0, []byte("private")).marshal())
 	f.Add(rejectHello("no").marshal())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)

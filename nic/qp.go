@@ -86,6 +86,7 @@ type peerInfo struct {
 	uid      uint32
 	attr     Attr
 	version  uint16 // of the connection manager's messages
+	private  []byte // the peer's private data from the handshake
 	table    peerTable
 	tableSeg *shm.Segment
 
@@ -171,6 +172,11 @@ func (qp *QueuePair) PeerAttr() Attr { return qp.peer.attr }
 
 // PeerPID returns the peer's process id, as the kernel reported it.
 func (qp *QueuePair) PeerPID() int { return qp.peer.pid }
+
+// PeerPrivateData returns the private data the peer sent with the
+// handshake (QPOptions.PrivateData), nil if none; peer input, to be
+// validated by whoever reads it.
+func (qp *QueuePair) PeerPrivateData() []byte { return qp.peer.private }
 
 func (qp *QueuePair) stateErr() error {
 	if err := qp.Err(); err != nil {
