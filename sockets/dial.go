@@ -118,8 +118,10 @@ func dialSHM(ctx context.Context, cfg Config, name, netw string, laddr, raddr ne
 		return nil, err
 	}
 	cq := d.nic.NewCQ()
+	// Early: a listener that answered this hello before is taken to
+	// answer the same, and the connection is usable before its reply.
 	qp, err := d.nic.DialConn(uc.(*net.UnixConn), nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: cfg.HandshakeTimeout,
-		PrivateData: helloMsg(d, &cfg, true, uint32(cfg.Window), bell)})
+		PrivateData: helloMsg(d, &cfg, true, uint32(cfg.Window), bell), Early: true})
 	if err != nil {
 		cq.Close()
 		d.release()
