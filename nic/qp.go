@@ -86,6 +86,7 @@ type peerInfo struct {
 	uid      uint32
 	attr     Attr
 	version  uint16 // of the connection manager's messages
+	private  []byte // the peer's private data from the handshake
 	table    peerTable
 	tableSeg *shm.Segment
 
@@ -130,14 +131,19 @@ type QueuePair struct {
 	// store per message would sit on a ping-pong's path.
 	rqAny atomic.Bool
 
-	state      atomic.Uint32
-	reason     atomic.Pointer[error]
-	closeOnce  sync.Once
-	retireMu   sync.Mutex
-	retiring   int                 // unmaps of segments the peer freed, under way
-	retired    chan struct{}       // closed when retiring drops to 0
-	announced  map[uint32]struct{} // our memory segments the peer has; under connMu
-	started    atomic.Bool         // the connection reader runs
+	state     atomic.Uint32
+	reason    atomic.Pointer[error]
+	closeOnce sync.Once
+	retireMu  sync.Mutex
+	retiring  int                 // unmaps of segments the peer freed, under way
+	retired   chan struct{}       // closed when retiring drops to 0
+	announced map[uint32]struct{} // our memory segments the peer has; under connMu
+	// An early dial's (known.go): the answer it runs on, whose reply the
+	// connection reader takes first, by awaitBy.
+	awaiting   *knownPeer
+	awaitKey   knownKey
+	awaitBy    time.Time
+	started    atomic.Bool // the connection reader runs
 	readerDone chan struct{}
 
 	sstats Stats // send-side counters; guarded by sqMu
@@ -171,6 +177,11 @@ func (qp *QueuePair) PeerAttr() Attr { return qp.peer.attr }
 
 // PeerPID returns the peer's process id, as the kernel reported it.
 func (qp *QueuePair) PeerPID() int { return qp.peer.pid }
+
+// PeerPrivateData returns the private data the peer sent with the
+// handshake (QPOptions.PrivateData), nil if none; peer input, to be
+// validated by whoever reads it.
+func (qp *QueuePair) PeerPrivateData() []byte { return qp.peer.private }
 
 func (qp *QueuePair) stateErr() error {
 	if err := qp.Err(); err != nil {
@@ -924,11 +935,13 @@ func (qp *QueuePair) Close() error {
 		qp.sqMu.Unlock()
 		qp.awaitRetired() // the reader, which starts them, is done
 		qp.seg.Close()
-		releaseNotifier(qp.note)
-		releaseImport(qp.peer.tableSeg)
+		// The peer's hub, table and segments stay mapped a while for the
+		// device's next queue pairs (imports.go).
+		parkNotifier(qp.note, qp.dev)
+		parkImport(qp.peer.tableSeg, qp.dev)
 		qp.peer.segMu.Lock()
 		for _, s := range qp.peer.segs {
-			releaseImport(s)
+			parkImport(s, qp.dev)
 		}
 		qp.peer.segs = nil
 		qp.peer.segMu.Unlock()

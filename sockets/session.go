@@ -603,9 +603,8 @@ func (c *Conn) onHelloLocked(h *header, payload []byte) {
 	lo, hi := c.versions()
 	v, ok := negotiate(lo, hi, m.minVer, m.maxVer)
 	if !ok {
-		if !c.dialer {
-			c.sendHelloLocked() // so that the dialer learns why
-		}
+		// The acceptor's hello went with the handshake: the dialer learns
+		// the same from it.
 		c.abortLocked(&abortError{err: fmt.Errorf("%w: we speak [%d, %d], the peer [%d, %d]", ErrVersion, lo, hi, m.minVer, m.maxVer)})
 		return
 	}
