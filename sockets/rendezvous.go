@@ -570,7 +570,7 @@ func (c *Conn) onRTSLocked(start uint64, h *header, payload []byte) {
 		addr: h.Addr(), rkey: h.RKey(),
 	}
 	c.holdLocked(&e, start)
-	c.rx = append(c.rx, e)
+	c.pushRxLocked(e)
 }
 
 // onCTSLocked records the peer's sink for our write rendezvous.

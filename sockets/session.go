@@ -191,6 +191,24 @@ func (c *Conn) unholdLocked(e *rxEntry) {
 	}
 }
 
+// pushRxLocked queues e. The queue is read from rxHead; when it is full,
+// the entries already read go first, so that a queue that never empties
+// (a reader a message behind the writer) keeps its size and allocates
+// nothing. No pointer into it lives across a release of mu. Every entry
+// holds a credit until it is read, so a window of them is all there can
+// be: the first one makes room for that many.
+func (c *Conn) pushRxLocked(e rxEntry) {
+	if c.rx == nil {
+		c.rx = make([]rxEntry, 0, c.window)
+	}
+	if len(c.rx) == cap(c.rx) && c.rxHead > 0 {
+		n := copy(c.rx, c.rx[c.rxHead:])
+		clear(c.rx[n:])
+		c.rx, c.rxHead = c.rx[:n], 0
+	}
+	c.rx = append(c.rx, e)
+}
+
 // spillLocked moves the unread bytes of held entries to the heap.
 func (c *Conn) spillLocked() {
 	for i := c.rxHead; i < len(c.rx); i++ {
@@ -527,7 +545,7 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 		}
 		e := rxEntry{kind: msgData, data: payload}
 		c.holdLocked(&e, start)
-		c.rx = append(c.rx, e)
+		c.pushRxLocked(e)
 	case msgRTS:
 		c.onRTSLocked(start, &h, payload)
 	case msgCTS:
@@ -547,7 +565,7 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 			return
 		}
 		c.peerFin = true
-		c.rx = append(c.rx, rxEntry{kind: msgFin})
+		c.pushRxLocked(rxEntry{kind: msgFin})
 		c.consumeLocked(false)
 	case msgAbort:
 		c.resetLocked(&resetError{reason: string(payload)})
