@@ -84,6 +84,11 @@ const (
 	// cts: that tail's sink (offset > 0, reaching the end of the
 	// transfer). On a done from the sender: the tail is written.
 	flagSplit = 1 << 2
+	// flagChunk (version 4) on a done from the sender of a write
+	// rendezvous: this chunk of the receiver's sink is written. Without
+	// it, a done from a side that both receives our read rendezvous and
+	// serves our sinks could mean either.
+	flagChunk = 1 << 3
 )
 
 // hello payload:
@@ -112,7 +117,7 @@ const (
 // Protocol versions this implementation speaks.
 const (
 	protoMinVersion = 1
-	protoMaxVersion = 3 // 2: done may carry flagStaged; 3: split transfers (flagSplit)
+	protoMaxVersion = 4 // 2: done may carry flagStaged; 3: split transfers (flagSplit); 4: flagChunk
 )
 
 // header is a control message's fixed-size header. Its accessors read
@@ -208,7 +213,7 @@ func parseMessage(b []byte) (h header, payload []byte, err error) {
 			return h, nil, fmt.Errorf("cts descriptor wraps the address space")
 		}
 	case msgDone:
-		if n != 0 || h.Flags()&^(flagStaged|flagSplit) != 0 || h.Flags() == flagStaged|flagSplit || h.Size() == 0 {
+		if f := h.Flags(); n != 0 || f&^(flagStaged|flagSplit|flagChunk) != 0 || f&(f-1) != 0 || h.Size() == 0 {
 			return h, nil, fmt.Errorf("done with payload, flags %#x or no size", h.Flags())
 		}
 		err = zero("addr/rkey", h.Addr(), h.RKey())
