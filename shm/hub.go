@@ -123,6 +123,7 @@ func (h *Hub) Close() error {
 // NewWaiter takes a slot of the hub for one waiting goroutine at a time.
 func (h *Hub) NewWaiter() (*Waiter, error) {
 	w := &Waiter{hub: h, ch: make(chan struct{}, 1)}
+	w.readPipe = w.lookOnPipe // made once: a closure per park would allocate
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
@@ -263,14 +264,8 @@ func (h *Hub) lead(w *Waiter, deadline time.Time) error {
 		// read began, when the netpoller forgets readiness, left its mark.
 		// Every write to the pipe makes an edge for the netpoller, read or
 		// not.
-		parked := false
-		err := h.rc.Read(func(uintptr) bool {
-			if parked || h.pending() || len(w.ch) > 0 {
-				return true
-			}
-			parked = true
-			return false
-		})
+		w.parked = false
+		err := h.rc.Read(w.readPipe)
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return os.ErrDeadlineExceeded
@@ -357,6 +352,8 @@ type Waiter struct {
 	ch       chan struct{} // a wake-up token; capacity 1
 	sleeping atomic.Uint32 // Park is between its announcement and its return
 	leading  atomic.Bool   // parked on the hub's pipe (Hub.lead)
+	parked   bool          // lead: the look on the pipe said park once
+	readPipe func(uintptr) bool
 	timer    *time.Timer
 	closed   bool
 }
@@ -370,6 +367,16 @@ func (w *Waiter) Slot() uint32 { return w.slot }
 
 // Hub returns the waiter's hub.
 func (w *Waiter) Hub() *Hub { return w.hub }
+
+// lookOnPipe is the leader's look on the pipe (RawConn.Read's function):
+// done if a slot is marked or a token came, else park once, then done.
+func (w *Waiter) lookOnPipe(uintptr) bool {
+	if w.parked || w.hub.pending() || len(w.ch) > 0 {
+		return true
+	}
+	w.parked = true
+	return false
+}
 
 // took takes a token if one is there.
 func (w *Waiter) took() bool {

@@ -41,6 +41,10 @@ type Conn struct {
 	tornDown chan struct{} // closed when teardown has released everything
 	tearOnce sync.Once
 
+	// lendMu serializes WriteTo calls: one lends received data at a time
+	// (copy.go). Lock order: lendMu, then rmu.
+	lendMu sync.Mutex
+
 	// Bytes the Read (Write) in progress has delivered (accepted) so far,
 	// for the error of a fault in its buffer (fault.go); guarded by rmu
 	// (wmu).
@@ -110,13 +114,21 @@ type session struct {
 	ctlq          []ctlMsg
 
 	// Receive side.
-	rx      []rxEntry // received data, in stream order, from rxHead
-	rxHead  int
-	peerFin bool
-	nextRx  uint32 // id of the peer's next rts
-	rd      recvOp // the rendezvous receive operation in progress
-	stage   []byte // staging buffer (temporary memory), nil when none
-	staged  []byte // unread bytes in stage
+	// WriteTo lends a received message's bytes, where they lie in the
+	// ring, to its destination's Write with no lock held (copy.go): the
+	// ring is not given back from lendStart on, and acks go no further
+	// than lendAck, until the lend ends; teardown waits for it (lendWait).
+	lending   bool
+	lendStart uint64
+	lendAck   uint32
+	lendWait  chan struct{}
+	rx        []rxEntry // received data, in stream order, from rxHead
+	rxHead    int
+	peerFin   bool
+	nextRx    uint32 // id of the peer's next rts
+	rd        recvOp // the rendezvous receive operation in progress
+	stage     []byte // staging buffer (temporary memory), nil when none
+	staged    []byte // unread bytes in stage
 
 	// Send side.
 	nextTx        uint32

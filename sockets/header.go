@@ -84,6 +84,11 @@ const (
 	// cts: that tail's sink (offset > 0, reaching the end of the
 	// transfer). On a done from the sender: the tail is written.
 	flagSplit = 1 << 2
+	// flagChunk (version 4) on a done from the sender of a write
+	// rendezvous: this chunk of the receiver's sink is written. Without
+	// it, a done from a side that both receives our read rendezvous and
+	// serves our sinks could mean either.
+	flagChunk = 1 << 3
 )
 
 // hello payload:
@@ -112,7 +117,7 @@ const (
 // Protocol versions this implementation speaks.
 const (
 	protoMinVersion = 1
-	protoMaxVersion = 3 // 2: done may carry flagStaged; 3: split transfers (flagSplit)
+	protoMaxVersion = 4 // 2: done may carry flagStaged; 3: split transfers (flagSplit); 4: flagChunk
 )
 
 // header is a control message's fixed-size header. Its accessors read
@@ -172,7 +177,7 @@ type msgRule struct {
 	used    uint8
 	flags   uint8
 	payload payloadRule
-	check   func(h *header) error
+	check   func(h header) error // by value: a pointer through a func value escapes, and a message would allocate
 }
 
 // msgRules has a rule for every message type; a type without one is
@@ -182,7 +187,7 @@ var msgRules = [...]msgRule{
 	msgData:   {payload: payloadNonEmpty},
 	msgRTS:    {used: fFlags | fID | fSize | fAddr | fRKey, flags: flagRead | flagSplit, payload: payloadAny, check: checkRTS},
 	msgCTS:    {used: fAll, flags: flagSplit, check: checkCTS},
-	msgDone:   {used: fFlags | fID | fSize | fOffset, flags: flagStaged | flagSplit, check: checkDone},
+	msgDone:   {used: fFlags | fID | fSize | fOffset, flags: flagStaged | flagSplit | flagChunk, check: checkDone},
 	msgCancel: {used: fID | fOffset},
 	msgCredit: {},
 	msgFin:    {},
@@ -217,11 +222,11 @@ func parseMessage(b []byte) (h header, payload []byte, err error) {
 	if f := h.Flags(); f&^r.flags != 0 {
 		return h, nil, fmt.Errorf("%v with flags %#x", t, f)
 	}
-	if err := checkZero(t, &h, r.used); err != nil {
+	if err := checkZero(t, h, r.used); err != nil {
 		return h, nil, err
 	}
 	if r.check != nil {
-		if err := r.check(&h); err != nil {
+		if err := r.check(h); err != nil {
 			return h, nil, err
 		}
 	}
@@ -251,7 +256,7 @@ func (r *msgRule) checkPayload(t msgType, n uint32) error {
 }
 
 // checkZero checks that the fields a message type does not use are zero.
-func checkZero(t msgType, h *header, used uint8) error {
+func checkZero(t msgType, h header, used uint8) error {
 	for _, f := range [...]struct {
 		bit  uint8
 		name string
@@ -267,7 +272,7 @@ func checkZero(t msgType, h *header, used uint8) error {
 	return nil
 }
 
-func checkRTS(h *header) error {
+func checkRTS(h header) error {
 	read := h.Flags()&flagRead != 0
 	switch {
 	case h.Flags() == flagSplit:
@@ -284,7 +289,7 @@ func checkRTS(h *header) error {
 	return nil
 }
 
-func checkCTS(h *header) error {
+func checkCTS(h header) error {
 	switch {
 	case h.Size() == 0 || h.RKey() == 0:
 		return fmt.Errorf("cts without size or key")
@@ -294,10 +299,10 @@ func checkCTS(h *header) error {
 	return nil
 }
 
-func checkDone(h *header) error {
+func checkDone(h header) error {
 	switch {
-	case h.Flags() == flagStaged|flagSplit:
-		return fmt.Errorf("done flags %#x: a split transfer is not staged", h.Flags())
+	case h.Flags()&(h.Flags()-1) != 0:
+		return fmt.Errorf("done flags %#x: at most one of staged, split, chunk", h.Flags())
 	case h.Size() == 0:
 		return fmt.Errorf("done of zero bytes")
 	}

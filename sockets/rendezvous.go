@@ -488,7 +488,11 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 			return inline + int(x.off), c.blameSourceLocked(x, x.werr)
 		}
 		if x.cts && c.err == nil && !c.qpDead && !c.closed {
-			c.serveCTSLocked(x, 0, stepBeforeWrite, stepBeforeWriteDone)
+			var flags uint8
+			if c.version >= 4 {
+				flags = flagChunk
+			}
+			c.serveCTSLocked(x, flags, stepBeforeWrite, stepBeforeWriteDone)
 			continue
 		}
 		var err error
@@ -544,7 +548,7 @@ func (c *Conn) onRTSLocked(start uint64, h *header, payload []byte) {
 		addr: h.Addr(), rkey: h.RKey(),
 	}
 	c.holdLocked(&e, start)
-	c.rx = append(c.rx, e)
+	c.pushRxLocked(e)
 }
 
 // onCTSLocked records the peer's sink for our write rendezvous.
@@ -592,8 +596,8 @@ func (c *Conn) onCTSLocked(h *header) {
 // onDoneLocked completes a chunk of our write-rendezvous receive, or the
 // oldest of our read-rendezvous sends.
 func (c *Conn) onDoneLocked(h *header) {
+	op := &c.rd
 	if h.Flags()&flagSplit != 0 {
-		op := &c.rd
 		if c.version < 3 || !op.active || !op.split || op.tailDone || h.ID() != op.id || h.Offset() != op.tailOff || h.Size() != op.tailLen {
 			c.abortLocked(protoErr("split done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.tailOff, op.tailLen))
 			return
@@ -602,16 +606,25 @@ func (c *Conn) onDoneLocked(h *header) {
 		op.done = op.readDone
 		return
 	}
-	if op := &c.rd; op.active && !op.read && !op.done && !op.cancelled {
+	sink := op.active && !op.read && !op.done && !op.cancelled
+	switch {
+	case c.version >= 4 && h.Flags()&flagChunk != 0:
+		if !sink {
+			c.abortLocked(protoErr("chunk done of transfer %d, no sink of ours outstanding", h.ID()))
+			return
+		}
+		c.onChunkDoneLocked(h)
+		return
+	case h.Flags()&flagChunk != 0:
+		c.abortLocked(protoErr("done with flags %#x in version %d", h.Flags(), c.version))
+		return
+	case sink && c.version < 4:
+		// Before flagChunk: a done while our sink is outstanding is its.
 		if h.Flags() != 0 {
 			c.abortLocked(protoErr("done of a write rendezvous with flags %#x", h.Flags()))
 			return
 		}
-		if h.ID() != op.id || h.Offset() != op.off || h.Size() != op.n {
-			c.abortLocked(protoErr("done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.off, op.n))
-			return
-		}
-		op.done = true
+		c.onChunkDoneLocked(h)
 		return
 	}
 	if len(c.txq) == 0 {
@@ -657,6 +670,17 @@ func (c *Conn) onDoneLocked(h *header) {
 	c.lastDone = now
 	c.releaseSourceLocked(x)
 	c.stats.count(cBytesReadRdv, uint64(x.size))
+}
+
+// onChunkDoneLocked completes the chunk of our write-rendezvous receive
+// that the sender says it wrote.
+func (c *Conn) onChunkDoneLocked(h *header) {
+	op := &c.rd
+	if h.ID() != op.id || h.Offset() != op.off || h.Size() != op.n {
+		c.abortLocked(protoErr("done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.off, op.n))
+		return
+	}
+	op.done = true
 }
 
 // onCancelLocked ends a write rendezvous the peer gave up.

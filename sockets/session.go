@@ -155,7 +155,11 @@ func (c *Conn) releaseLocked() {
 			break
 		}
 	}
-	if to != c.inPos && c.blockedLocked() {
+	if c.lending {
+		// Nothing from the lent message on goes back (and spilling would
+		// not change that): acks stop at lendAck meanwhile.
+		to = min(to, c.lendStart)
+	} else if to != c.inPos && c.blockedLocked() {
 		c.spillLocked()
 		to = c.inPos
 	}
@@ -189,6 +193,24 @@ func (c *Conn) unholdLocked(e *rxEntry) {
 		e.held = false
 		c.heldN--
 	}
+}
+
+// pushRxLocked queues e. The queue is read from rxHead; when it is full,
+// the entries already read go first, so that a queue that never empties
+// (a reader a message behind the writer) keeps its size and allocates
+// nothing. No pointer into it lives across a release of mu. Every entry
+// holds a credit until it is read, so a window of them is all there can
+// be: the first one makes room for that many.
+func (c *Conn) pushRxLocked(e rxEntry) {
+	if c.rx == nil {
+		c.rx = make([]rxEntry, 0, c.window)
+	}
+	if len(c.rx) == cap(c.rx) && c.rxHead > 0 {
+		n := copy(c.rx, c.rx[c.rxHead:])
+		clear(c.rx[n:])
+		c.rx, c.rxHead = c.rx[:n], 0
+	}
+	c.rx = append(c.rx, e)
 }
 
 // spillLocked moves the unread bytes of held entries to the heap.
@@ -366,7 +388,8 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	// The ack below gives the peer credit for what we are done with:
 	// their ring space must be free first.
 	c.releaseLocked()
-	h.SetAck(c.consumed)
+	ack := c.ackableLocked()
+	h.SetAck(ack)
 	h.SetLen(uint32(len(payload)))
 	n := headerSize + len(payload)
 	// Straight into the ring to the peer: one copy, no completion. The
@@ -400,8 +423,10 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	} else {
 		c.stats.count(cCreditMsgs, 1)
 	}
-	c.ackSent = c.consumed
-	c.owed = 0
+	c.ackSent = ack
+	if ack == c.consumed {
+		c.owed = 0
+	}
 	c.stats.count(cMsgsSent, 1)
 	return nil
 }
@@ -437,9 +462,9 @@ func (c *Conn) pumpLocked() {
 	// Return credit at half the window; or, for a consumed message other
 	// than a credit, when the peer is out of credit for control messages
 	// or closing, or we are closing (the closer waits for our ack).
-	unacked := c.consumed - c.ackSent
+	unacked := c.ackableLocked() - c.ackSent
 	starved := c.window-(c.received-c.ackSent) < uint32(classControl)
-	due := unacked >= c.window/2 || (c.owed > 0 && (starved || c.peerFin || c.closed))
+	due := unacked > 0 && (unacked >= c.window/2 || (c.owed > 0 && (starved || c.peerFin || c.closed)))
 	// The peer's credit messages can eat the credits it keeps for control
 	// messages: when it is starved and an ack would give some back, and
 	// we have credits to spare (so two starved sides never trade credit
@@ -454,6 +479,16 @@ func (c *Conn) pumpLocked() {
 		h.SetType(msgCredit)
 		c.sendLocked(&h, nil)
 	}
+}
+
+// ackableLocked is the ack our next message may carry: what we consumed,
+// or while received data is lent (copy.go) what we had consumed when the
+// lend began — the ring space of what came since is not given back yet.
+func (c *Conn) ackableLocked() uint32 {
+	if c.lending {
+		return c.lendAck
+	}
+	return c.consumed
 }
 
 // consumeLocked counts a message we are done with: its credit goes back
@@ -579,7 +614,7 @@ func (c *Conn) onDataLocked(payload []byte, start uint64) {
 	default:
 		e := rxEntry{kind: msgData, data: payload}
 		c.holdLocked(&e, start)
-		c.rx = append(c.rx, e)
+		c.pushRxLocked(e)
 	}
 }
 
@@ -590,7 +625,7 @@ func (c *Conn) onFinLocked() {
 		return
 	}
 	c.peerFin = true
-	c.rx = append(c.rx, rxEntry{kind: msgFin})
+	c.pushRxLocked(rxEntry{kind: msgFin})
 	c.consumeLocked(false)
 }
 
@@ -788,6 +823,15 @@ func (c *Conn) teardown() {
 		c.wmu.Lock()
 		c.mu.Lock()
 		c.tearing = true
+		// Data lent out of the ring (WriteTo) is read until its
+		// destination's Write returns: the ring must stay until then.
+		for c.lending {
+			ch := make(chan struct{})
+			c.lendWait = ch
+			c.mu.Unlock()
+			<-ch
+			c.mu.Lock()
+		}
 		// What a Read may still deliver leaves the ring, which goes with
 		// the queue pair.
 		c.spillLocked()
