@@ -1131,9 +1131,10 @@ func connIdle(ctx context.Context, env *Env, p *peer) ([]Record, error) {
 				}
 			}
 		}
-		// The peer writes a byte on its last connection once every dial
-		// has returned.
-		if _, err := io.ReadFull(conns[len(conns)-1], b[:]); err != nil {
+		// The peer writes a byte on its first connection once every dial
+		// has returned. (Not on its last: handshakes run concurrently, and
+		// with early dials the listener accepts in any order.)
+		if _, err := io.ReadFull(conns[0], b[:]); err != nil {
 			return err
 		}
 		runtime.GC()
@@ -1152,7 +1153,7 @@ func connIdle(ctx context.Context, env *Env, p *peer) ([]Record, error) {
 
 // idlePeer dials cmd.Size connections to cmd.Addr: the first, then (when
 // the parent has measured and says so on it) the others; it writes a byte
-// on the last once every dial has returned, and waits until the parent
+// on the first once every dial has returned, and waits until the parent
 // closes it.
 func idlePeer(pc *peerConn, cmd ctlMsg) error {
 	runtime.GC()
@@ -1185,11 +1186,11 @@ func idlePeer(pc *peerConn, cmd ctlMsg) error {
 		}
 	}
 	runtime.GC()
-	last := conns[len(conns)-1]
-	if _, err := last.Write(b[:]); err != nil {
+	first := conns[0]
+	if _, err := first.Write(b[:]); err != nil {
 		return err
 	}
-	if _, err := last.Read(b[:]); err != io.EOF {
+	if _, err := first.Read(b[:]); err != io.EOF {
 		return fmt.Errorf("read after the last byte: %v, want EOF", err)
 	}
 	return nil
