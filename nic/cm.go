@@ -22,83 +22,6 @@ import (
 // later messages announce new memory segments, and its hang-up tells the
 // survivor that the peer is gone. docs/nic.md describes the messages.
 
-const (
-	cmMagic      = 0x4d434453 // "SDCM"
-	cmVersion    = 3          // 2: SEG_DEL; 3: wake hubs
-	cmMinVersion = 3
-	cmHelloSize  = 32
-	cmMaxReason  = 200
-	cmFlagRead   = 1 << 0
-	cmFlagReject = 1 << 31
-
-	cmSegAdd  = 1 // a memory segment, with its fd
-	cmSegDeny = 2 // a memory segment not shared with this peer, no fd
-	cmSegDel  = 3 // a memory segment freed, no fd (version 2)
-	cmMsgSize = 8
-)
-
-// hello is the handshake message, both ways.
-type hello struct {
-	minVer, maxVer uint16
-	flags          uint32
-	maxInline      uint32
-	maxRegions     uint32
-	ringCapacity   uint32 // the dialer's queue pair segment; 0 in the reply
-	maxSend        uint32
-	reason         string // a reject's reason
-}
-
-func (h *hello) marshal() []byte {
-	b := make([]byte, cmHelloSize, cmHelloSize+len(h.reason))
-	binary.LittleEndian.PutUint32(b[0:], cmMagic)
-	binary.LittleEndian.PutUint16(b[4:], h.minVer)
-	binary.LittleEndian.PutUint16(b[6:], h.maxVer)
-	binary.LittleEndian.PutUint32(b[8:], h.flags)
-	binary.LittleEndian.PutUint32(b[12:], h.maxInline)
-	binary.LittleEndian.PutUint32(b[16:], h.maxRegions)
-	binary.LittleEndian.PutUint32(b[20:], h.ringCapacity)
-	binary.LittleEndian.PutUint32(b[24:], h.maxSend)
-	return append(b, h.reason...)
-}
-
-// parseHello decodes and validates a handshake message from a peer.
-func parseHello(b []byte) (hello, error) {
-	var h hello
-	if len(b) < cmHelloSize || len(b) > cmHelloSize+cmMaxReason {
-		return h, fmt.Errorf("%w: handshake of %d bytes", ErrProtocol, len(b))
-	}
-	if m := binary.LittleEndian.Uint32(b[0:]); m != cmMagic {
-		return h, fmt.Errorf("%w: handshake magic %#x", ErrProtocol, m)
-	}
-	h.minVer = binary.LittleEndian.Uint16(b[4:])
-	h.maxVer = binary.LittleEndian.Uint16(b[6:])
-	h.flags = binary.LittleEndian.Uint32(b[8:])
-	h.maxInline = binary.LittleEndian.Uint32(b[12:])
-	h.maxRegions = binary.LittleEndian.Uint32(b[16:])
-	h.ringCapacity = binary.LittleEndian.Uint32(b[20:])
-	h.maxSend = binary.LittleEndian.Uint32(b[24:])
-	if r := binary.LittleEndian.Uint32(b[28:]); r != 0 {
-		return h, fmt.Errorf("%w: reserved handshake word %#x", ErrProtocol, r)
-	}
-	h.reason = string(b[cmHelloSize:])
-	if h.flags&cmFlagReject != 0 {
-		return h, nil
-	}
-	switch {
-	case h.minVer == 0 || h.minVer > h.maxVer:
-		return h, fmt.Errorf("%w: versions [%d, %d]", ErrProtocol, h.minVer, h.maxVer)
-	case h.flags&^cmFlagRead != 0:
-		return h, fmt.Errorf("%w: unknown flags %#x", ErrProtocol, h.flags)
-	case h.maxRegions == 0 || h.maxRegions > maxRegEntries:
-		return h, fmt.Errorf("%w: %d regions", ErrProtocol, h.maxRegions)
-	case h.maxSend > shm.MaxRingCapacity || h.maxInline > h.maxSend:
-		return h, fmt.Errorf("%w: max send %d, inline %d", ErrProtocol, h.maxSend, h.maxInline)
-	case h.ringCapacity != 0 && (h.ringCapacity < shm.MinRingCapacity || h.ringCapacity > shm.MaxRingCapacity || h.ringCapacity&(h.ringCapacity-1) != 0):
-		return h, fmt.Errorf("%w: ring capacity %d", ErrProtocol, h.ringCapacity)
-	}
-	return h, nil
-}
-
 // negotiate picks the highest version both sides speak.
 func negotiate(h hello) (uint16, error) {
 	v := min(h.maxVer, cmVersion)
@@ -108,8 +31,9 @@ func negotiate(h hello) (uint16, error) {
 	return v, nil
 }
 
-func (d *Device) hello(ringCapacity int) hello {
+func (d *Device) hello(ringCapacity int, private []byte) hello {
 	h := hello{
+		private:      private,
 		minVer:       cmMinVersion,
 		maxVer:       cmVersion,
 		maxInline:    uint32(d.attr.MaxInline),
@@ -143,11 +67,33 @@ type QPOptions struct {
 	InPlace bool
 	// Timeout bounds the handshake; zero means 10 s.
 	Timeout time.Duration
+	// PrivateData travels with the handshake, at most MaxPrivateData
+	// bytes, as RDMA CM's private data does: a dialer's with its request,
+	// a listener's with its reply. The peer reads it with
+	// QueuePair.PeerPrivateData. A layer above can so settle its own
+	// parameters in the same round trip.
+	PrivateData []byte
+	// Early, on a dialer, returns from the dial once the hello is sent
+	// when the listener at this address, in the same process, answered
+	// this same hello before (QueuePair.Early): the queue pair runs on
+	// that answer — the listener's table, hub, attributes and private
+	// data — and its connection reader checks the reply when it comes. A
+	// reject or any other answer fails the queue pair, with the reason,
+	// and the listener is forgotten.
+	Early bool
+	// Answer, on a listener, sees the dialer's private data after the
+	// policy and the request passed their checks and returns the reply's
+	// private data, in place of PrivateData. An error refuses the dialer,
+	// its text the reason it reads. It runs on the handshake's goroutine.
+	Answer func(dialer []byte) (reply []byte, err error)
 }
 
 func (o *QPOptions) check() error {
 	if o.SendCQ == nil || o.RecvCQ == nil {
 		return errors.New("nic: QPOptions needs a send and a receive CQ")
+	}
+	if len(o.PrivateData) > MaxPrivateData {
+		return fmt.Errorf("nic: %d bytes of private data, more than %d", len(o.PrivateData), MaxPrivateData)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Second
@@ -268,11 +214,7 @@ func (d *Device) checkPeer(conn *net.UnixConn, side string) (pid int, uid uint32
 // reject tells the dialer why we refuse it. (The dialer prefixes
 // ErrRefused itself.)
 func reject(conn *net.UnixConn, reason error) {
-	msg := strings.TrimPrefix(reason.Error(), ErrRefused.Error()+": ")
-	if len(msg) > cmMaxReason {
-		msg = msg[:cmMaxReason]
-	}
-	h := hello{flags: cmFlagReject, reason: msg}
+	h := rejectHello(strings.TrimPrefix(reason.Error(), ErrRefused.Error()+": "))
 	conn.Write(h.marshal())
 }
 
@@ -282,37 +224,39 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 	if err != nil {
 		// Take the dialer's hello first: a socket closed with it unread
 		// resets the dialer, which would never read the reason.
-		if _, fds, rerr := sys.RecvFds(conn, make([]byte, cmHelloSize+cmMaxReason+1), 4); rerr == nil {
+		if _, fds, rerr := sys.RecvFds(conn, make([]byte, cmRecvSize), cmMaxFds); rerr == nil {
 			sys.CloseAll(fds)
 		}
 		reject(conn, err)
 		return nil, err
 	}
-	buf := make([]byte, cmHelloSize+cmMaxReason+1)
-	n, fds, err := sys.RecvFds(conn, buf, 4)
+	buf := make([]byte, cmRecvSize)
+	n, fds, err := sys.RecvFds(conn, buf, cmMaxFds)
 	if err != nil {
 		return nil, fmt.Errorf("%w: handshake: %v", ErrProtocol, err)
 	}
-	h, err := parseHello(buf[:n])
-	if err == nil && (len(fds) != 4 || h.ringCapacity == 0 || h.flags&cmFlagReject != 0) {
-		err = fmt.Errorf("%w: hello with %d fds, ring capacity %d", ErrProtocol, len(fds), h.ringCapacity)
-	}
+	h, err := parseRequest(buf[:n], len(fds))
 	var ver uint16
 	if err == nil {
 		ver, err = negotiate(h)
+	}
+	private := opts.PrivateData
+	if err == nil && opts.Answer != nil {
+		private, err = answer(opts.Answer, h.private)
 	}
 	if err != nil {
 		sys.CloseAll(fds)
 		reject(conn, err)
 		return nil, err
 	}
-	qp, err := d.newQP(conn, opts, false, [4]int(fds), int(h.ringCapacity))
+	qp, err := d.newQP(conn, opts, false, qpFiles{qp: fds[0], table: fds[1], hubTable: fds[2], hubPipe: fds[3]}, int(h.ringCapacity))
 	if err != nil {
 		reject(conn, err)
 		return nil, err
 	}
 	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version = pid, uid, h.attr(), ver
-	reply := d.hello(0)
+	qp.peer.private = h.private
+	reply := d.hello(0, private)
 	hubTable, hubEvent := d.hub.Fds()
 	if err := sys.SendFds(conn, reply.marshal(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
 		qp.Close()
@@ -321,6 +265,18 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 	conn.SetDeadline(time.Time{})
 	d.start(qp)
 	return qp, nil
+}
+
+// answer runs a listener's Answer on the dialer's private data.
+func answer(f func([]byte) ([]byte, error), dialer []byte) ([]byte, error) {
+	reply, err := f(dialer)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", ErrRefused, err)
+	case len(reply) > MaxPrivateData:
+		return nil, fmt.Errorf("nic: answer of %d bytes of private data, more than %d", len(reply), MaxPrivateData)
+	}
+	return reply, nil
 }
 
 // Dial connects a queue pair to the listener at addr.
@@ -359,42 +315,77 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		return nil, err
 	}
 	capacity := d.cfg.RingCapacity
+	seg, err := newQPSegment(capacity)
+	if err != nil {
+		return nil, err
+	}
+	key := knownKey{addr: conn.RemoteAddr().String(), hello: string(opts.PrivateData)}
+	if opts.Early {
+		if kp := d.knownFor(key, pid, uid); kp != nil {
+			return d.dialEarly(conn, opts, seg, capacity, kp) // known.go
+		}
+	}
+	qp, err := d.dialSegment(conn, opts, seg, capacity)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	qp.peer.pid, qp.peer.uid = pid, uid
+	if opts.Early {
+		d.learn(key, qp) // known.go
+	}
+	conn.SetDeadline(time.Time{})
+	d.start(qp)
+	return qp, nil
+}
+
+// newQPSegment creates a queue pair's segment for rings of capacity
+// bytes, its header and both rings initialized.
+func newQPSegment(capacity int) (*shm.Segment, error) {
 	// Lazy: an idle connection touches a page or two of its rings.
 	seg, err := shm.CreateSegmentLazy("qp", kindQP, qpSegmentSize(capacity))
 	if err != nil {
 		return nil, err
 	}
-	defer seg.Close() // the queue pair maps its own copy below
 	mem := seg.Bytes()
 	binary.LittleEndian.PutUint32(mem[qpMagicOff:], qpMagic)
 	binary.LittleEndian.PutUint32(mem[qpVersionOff:], qpVersion)
 	binary.LittleEndian.PutUint32(mem[qpCapacityOff:], uint32(capacity))
 	for i := range 2 {
 		r, err := seg.Region(qpRingsOff+i*shm.RingSize(capacity), shm.RingSize(capacity))
-		if err != nil {
-			return nil, err
+		if err == nil {
+			err = shm.InitZeroedRing(r, capacity) // a fresh segment
 		}
-		if err := shm.InitZeroedRing(r, capacity); err != nil { // a fresh segment
+		if err != nil {
+			seg.Close()
 			return nil, err
 		}
 	}
-	h := d.hello(capacity)
+	return seg, nil
+}
+
+// sendHello sends the dialer's hello with seg, the queue pair's segment.
+func (d *Device) sendHello(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int) error {
+	h := d.hello(capacity, opts.PrivateData)
 	hubTable, hubEvent := d.hub.Fds()
 	if err := sys.SendFds(conn, h.marshal(), seg.Fd(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
-		return nil, fmt.Errorf("nic: handshake: %w", err)
+		return fmt.Errorf("nic: handshake: %w", err)
 	}
-	buf := make([]byte, cmHelloSize+cmMaxReason+1)
-	n, fds, err := sys.RecvFds(conn, buf, 4)
+	return nil
+}
+
+// dialSegment sends the hello with seg, the new queue pair's, and
+// completes the handshake; the queue pair keeps this mapping.
+func (d *Device) dialSegment(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int) (*QueuePair, error) {
+	if err := d.sendHello(conn, opts, seg, capacity); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, cmRecvSize)
+	n, fds, err := sys.RecvFds(conn, buf, cmMaxFds)
 	if err != nil {
 		return nil, fmt.Errorf("%w: handshake reply: %v", ErrProtocol, err)
 	}
-	r, err := parseHello(buf[:n])
-	if err == nil && r.flags&cmFlagReject != 0 {
-		err = fmt.Errorf("%w by peer: %s", ErrRefused, r.reason)
-	}
-	if err == nil && len(fds) != 3 {
-		err = fmt.Errorf("%w: reply with %d fds", ErrProtocol, len(fds))
-	}
+	r, err := parseReply(buf[:n], len(fds))
 	var ver uint16
 	if err == nil {
 		ver, err = negotiate(r)
@@ -403,33 +394,44 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		sys.CloseAll(fds)
 		return nil, err
 	}
-	qpFd, err := sys.Dup(seg.Fd())
-	if err != nil {
-		sys.CloseAll(fds)
-		return nil, err
-	}
-	qp, err := d.newQP(conn, opts, true, [4]int{qpFd, fds[0], fds[1], fds[2]}, capacity)
+	// The peer has its own fd of the segment: ours goes, the mapping
+	// stays the queue pair's.
+	seg.DropFd()
+	qp, err := d.newQP(conn, opts, true, qpFiles{seg: seg, qp: -1, table: fds[0], hubTable: fds[1], hubPipe: fds[2]}, capacity)
 	if err != nil {
 		return nil, err
 	}
-	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version = pid, uid, r.attr(), ver
-	conn.SetDeadline(time.Time{})
-	d.start(qp)
+	qp.peer.attr, qp.peer.version, qp.peer.private = r.attr(), ver, r.private
 	return qp, nil
 }
 
+// qpFiles are what a queue pair is made of: its segment, mapped (the
+// dialer's) or as an fd (the acceptor's), and the peer's registration
+// table and wake hub.
+type qpFiles struct {
+	seg                          *shm.Segment // nil: map qp
+	qp, table, hubTable, hubPipe int
+}
+
+// closeQP closes the queue pair's segment, mapped or not.
+func (f *qpFiles) closeQP() {
+	if f.seg != nil {
+		f.seg.Close()
+		return
+	}
+	sys.Close(f.qp)
+}
+
 // newQP maps the queue pair segment, the peer's registration table and
-// its wake hub (taking ownership of the fds: queue pair segment,
-// registration table, hub table, hub pipe) and attaches to the rings.
-func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, fds [4]int, capacity int) (*QueuePair, error) {
-	qpFd, tableFd := fds[0], fds[1]
-	note, err := importNotifier(fds[2], fds[3])
+// its wake hub (taking ownership of them all) and attaches to the rings.
+func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFiles, capacity int) (*QueuePair, error) {
+	note, err := importNotifier(f.hubTable, f.hubPipe)
 	if err != nil {
-		sys.Close(qpFd)
-		sys.Close(tableFd)
+		f.closeQP()
+		sys.Close(f.table)
 		return nil, fmt.Errorf("%w: peer wake hub: %v", ErrProtocol, err)
 	}
-	qp, err := d.mapQP(conn, opts, dialer, qpFd, tableFd, capacity, note)
+	qp, err := d.mapQP(conn, opts, dialer, f, capacity, note)
 	if err != nil {
 		releaseNotifier(note)
 	}
@@ -437,31 +439,40 @@ func (d *Device) newQP(conn *net.UnixConn, opts QPOptions, dialer bool, fds [4]i
 }
 
 // mapQP is newQP once the peer's hub is open.
-func (d *Device) mapQP(conn *net.UnixConn, opts QPOptions, dialer bool, qpFd, tableFd, capacity int, note *shm.Notifier) (*QueuePair, error) {
-	tseg, err := importSegment(tableFd, kindRegTable, regEntriesStart, true)
+func (d *Device) mapQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFiles, capacity int, note *shm.Notifier) (*QueuePair, error) {
+	tseg, err := importSegment(f.table, kindRegTable, regEntriesStart, true)
 	if err != nil {
-		sys.Close(qpFd)
+		f.closeQP()
 		return nil, fmt.Errorf("%w: peer registration table: %v", ErrProtocol, err)
 	}
 	if !tseg.WritesSealed() {
 		// Anyone else holding the fd could rewrite the keys we check.
 		releaseImport(tseg)
-		sys.Close(qpFd)
+		f.closeQP()
 		return nil, fmt.Errorf("%w: peer registration table not sealed against writes", ErrProtocol)
 	}
 	table, err := validateTable(tseg)
 	if err != nil {
-		sys.Close(qpFd)
+		f.closeQP()
 		releaseImport(tseg)
 		return nil, err
 	}
-	seg, err := shm.OpenSegmentLazy(qpFd, kindQP, qpSegmentSize(capacity))
-	if err != nil {
-		releaseImport(tseg)
-		return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
+	return d.attachQP(conn, opts, dialer, f, capacity, note, tseg, table)
+}
+
+// attachQP is mapQP once the peer's table is mapped and checked; on
+// failure it releases tseg and the queue pair's segment.
+func (d *Device) attachQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFiles, capacity int, note *shm.Notifier, tseg *shm.Segment, table peerTable) (*QueuePair, error) {
+	var err error
+	seg := f.seg
+	if seg == nil {
+		if seg, err = shm.OpenSegmentLazy(f.qp, kindQP, qpSegmentSize(capacity)); err != nil {
+			releaseImport(tseg)
+			return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
+		}
+		// The queue pair's memory is never passed on: the mapping is enough.
+		seg.DropFd()
 	}
-	// The queue pair's memory is never passed on: the mapping is enough.
-	seg.DropFd()
 	fail := func(err error) (*QueuePair, error) {
 		seg.Close()
 		releaseImport(tseg)
@@ -558,8 +569,6 @@ func (d *Device) start(qp *QueuePair) {
 // peer of another uid than the segment's, its number alone: the peer then
 // fails RDMA on it at once instead of waiting for the segment.
 func (qp *QueuePair) announceSegment(ms *memSegment) {
-	var msg [cmMsgSize]byte
-	binary.LittleEndian.PutUint32(msg[4:], ms.idx)
 	qp.connMu.Lock()
 	defer qp.connMu.Unlock()
 	if ms.freed.Load() {
@@ -571,11 +580,11 @@ func (qp *QueuePair) announceSegment(ms *memSegment) {
 	qp.announced[ms.idx] = struct{}{}
 	// A failure means the connection is gone; the reader reports that.
 	if qp.peer.uid != ms.uid {
-		binary.LittleEndian.PutUint32(msg[0:], cmSegDeny)
+		msg := cmMsg{typ: cmSegDeny, idx: ms.idx}.marshal()
 		sys.SendFds(qp.conn, msg[:])
 		return
 	}
-	binary.LittleEndian.PutUint32(msg[0:], cmSegAdd)
+	msg := cmMsg{typ: cmSegAdd, idx: ms.idx}.marshal()
 	sys.SendFds(qp.conn, msg[:], ms.seg.Fd())
 }
 
@@ -586,9 +595,7 @@ func (qp *QueuePair) announceSegment(ms *memSegment) {
 // retracted or never sent. A version 1 peer keeps its mapping until the
 // queue pair closes.
 func (qp *QueuePair) retractSegment(idx uint32) {
-	var msg [cmMsgSize]byte
-	binary.LittleEndian.PutUint32(msg[0:], cmSegDel)
-	binary.LittleEndian.PutUint32(msg[4:], idx)
+	msg := cmMsg{typ: cmSegDel, idx: idx}.marshal()
 	qp.connMu.Lock()
 	defer qp.connMu.Unlock()
 	if _, ok := qp.announced[idx]; !ok {
@@ -646,6 +653,49 @@ func (qp *QueuePair) dropPeerSegment(idx uint32) error {
 	return nil
 }
 
+// readMessages serves the peer's control messages until the connection
+// hangs up or breaks the protocol, and returns why it ended.
+func (qp *QueuePair) readMessages() error {
+	buf := make([]byte, cmMsgSize+1)
+	for {
+		n, fds, err := sys.RecvFds(qp.conn, buf, 2)
+		if err != nil || n == 0 {
+			sys.CloseAll(fds)
+			return ErrPeerGone
+		}
+		m, err := parseCMMsg(buf[:n], len(fds), qp.peer.version)
+		if err != nil {
+			sys.CloseAll(fds)
+			return err
+		}
+		if m.typ == cmSegDel {
+			if err := qp.dropPeerSegment(m.idx); err != nil {
+				return err
+			}
+			continue
+		}
+		seg := deniedSegment
+		if m.typ == cmSegAdd {
+			if seg, err = importSegment(fds[0], kindMemory, memDataOff+1, false); err != nil {
+				return fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, m.idx, err)
+			}
+		}
+		qp.peer.segMu.Lock()
+		full := len(qp.peer.segs) >= maxPeerSegments
+		if qp.peer.segs == nil || qp.peer.segs[m.idx] != nil || full {
+			releaseImport(seg) // closing, announced twice, or too many
+		} else {
+			qp.peer.segs[m.idx] = seg
+			close(qp.peer.segChanged)
+			qp.peer.segChanged = make(chan struct{})
+		}
+		qp.peer.segMu.Unlock()
+		if full {
+			return fmt.Errorf("%w: more than %d memory segments announced", ErrProtocol, maxPeerSegments)
+		}
+	}
+}
+
 // awaitRetired waits until the peer segments dropped so far are unmapped.
 func (qp *QueuePair) awaitRetired() {
 	qp.retireMu.Lock()
@@ -660,51 +710,9 @@ func (qp *QueuePair) awaitRetired() {
 // queue pair: the peer closed it or died.
 func (qp *QueuePair) readConn() {
 	defer close(qp.readerDone)
-	reason := ErrPeerGone
-	buf := make([]byte, cmMsgSize+1)
-	for {
-		n, fds, err := sys.RecvFds(qp.conn, buf, 2)
-		if err != nil || n == 0 {
-			sys.CloseAll(fds)
-			break
-		}
-		typ := binary.LittleEndian.Uint32(buf)
-		del := typ == cmSegDel && qp.peer.version >= 2
-		if n != cmMsgSize || !(typ == cmSegAdd && len(fds) == 1 || (typ == cmSegDeny || del) && len(fds) == 0) {
-			sys.CloseAll(fds)
-			reason = fmt.Errorf("%w: control message of %d bytes, type %d, with %d fds", ErrProtocol, n, typ, len(fds))
-			break
-		}
-		idx := binary.LittleEndian.Uint32(buf[4:])
-		if del {
-			if err := qp.dropPeerSegment(idx); err != nil {
-				reason = err
-				break
-			}
-			continue
-		}
-		seg := deniedSegment
-		if typ == cmSegAdd {
-			var err error
-			if seg, err = importSegment(fds[0], kindMemory, memDataOff+1, false); err != nil {
-				reason = fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, idx, err)
-				break
-			}
-		}
-		qp.peer.segMu.Lock()
-		full := len(qp.peer.segs) >= maxPeerSegments
-		if qp.peer.segs == nil || qp.peer.segs[idx] != nil || full {
-			releaseImport(seg) // closing, announced twice, or too many
-		} else {
-			qp.peer.segs[idx] = seg
-			close(qp.peer.segChanged)
-			qp.peer.segChanged = make(chan struct{})
-		}
-		qp.peer.segMu.Unlock()
-		if full {
-			reason = fmt.Errorf("%w: more than %d memory segments announced", ErrProtocol, maxPeerSegments)
-			break
-		}
+	reason := qp.takeReply() // known.go: an early dial's reply
+	if reason == nil {
+		reason = qp.readMessages()
 	}
 	qp.peer.segMu.Lock()
 	if qp.peer.segChanged != nil {

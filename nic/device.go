@@ -156,6 +156,9 @@ type Device struct {
 	eng *engine
 
 	retired Stats // counters of closed queue pairs; guarded by mu
+
+	parked parkedImports           // peers' mappings kept for the next queue pairs; guarded by imports.mu
+	known  map[knownKey]*knownPeer // listeners' answers for early dials (known.go); guarded by imports.mu
 }
 
 type memSegment struct {
@@ -298,6 +301,7 @@ func (d *Device) Close() error {
 	for _, qp := range qps {
 		qp.Close()
 	}
+	d.closeParked()
 	d.eng.stop()
 	if d.cache != nil {
 		d.cache.Close()

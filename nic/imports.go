@@ -3,6 +3,7 @@ package nic
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
@@ -22,7 +23,26 @@ import (
 // exactly what its peer gave it.
 //
 // Mappings are held by references; the fd is closed as soon as the file
-// is mapped (we never pass a peer's segment on).
+// is mapped (we never pass a peer's segment on). When the last queue pair
+// holding one closes, the mapping is parked with its device for
+// importLinger instead of unmapped: a program that dials per request
+// finds its peer's segments, table and hub still mapped at the next dial.
+// A segment the peer frees (SEG_DEL) is unmapped at once, a parked one
+// when its time is up or its device closes.
+
+// importLinger is how long a device keeps a peer's mapping that no queue
+// pair uses any more.
+var importLinger = time.Second
+
+// parkedImports are the mappings a device keeps for its next queue pairs.
+// Guarded by imports.mu.
+type parkedImports struct {
+	segs   map[*imported]struct{}
+	notes  map[*importedNotifier]struct{}
+	timer  *time.Timer // sweeps expired ones; nil while nothing is parked
+	due    time.Time   // when timer fires
+	closed bool        // the device closed: nothing is parked any more
+}
 
 type importKey struct {
 	id       shm.FileID
@@ -31,13 +51,15 @@ type importKey struct {
 }
 
 type imported struct {
-	key  importKey
-	seg  *shm.Segment
-	refs int
+	key    importKey
+	seg    *shm.Segment
+	refs   int
+	parked *Device   // refs is 0 and the mapping kept for this device
+	until  time.Time // when a parked mapping goes
 }
 
 var imports struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // guards everything below, the notifiers and every device's parked
 	byKey map[importKey]*imported
 	bySeg map[*shm.Segment]*imported
 }
@@ -104,13 +126,23 @@ func (im *imported) ref(wantMin int) (*shm.Segment, error) {
 	if im.seg.Size() < wantMin {
 		return nil, fmt.Errorf("%w: segment of %d bytes, want at least %d", shm.ErrBadSegment, im.seg.Size(), wantMin)
 	}
+	if im.parked != nil {
+		delete(im.parked.parked.segs, im)
+		im.parked = nil
+	}
 	im.refs++
 	return im.seg, nil
 }
 
 // releaseImport drops a reference taken by importSegment; the last one
 // unmaps the segment.
-func releaseImport(seg *shm.Segment) {
+func releaseImport(seg *shm.Segment) { dropImport(seg, nil) }
+
+// parkImport drops a reference taken by importSegment; after the last
+// one d keeps the mapping for importLinger, unless it is closed.
+func parkImport(seg *shm.Segment, d *Device) { dropImport(seg, d) }
+
+func dropImport(seg *shm.Segment, d *Device) {
 	imports.mu.Lock()
 	im := imports.bySeg[seg]
 	if im == nil {
@@ -122,10 +154,105 @@ func releaseImport(seg *shm.Segment) {
 		imports.mu.Unlock()
 		return
 	}
-	delete(imports.byKey, im.key)
-	delete(imports.bySeg, seg)
+	if d != nil && !d.parked.closed {
+		if d.parked.segs == nil {
+			d.parked.segs = map[*imported]struct{}{}
+		}
+		im.parked, im.until = d, time.Now().Add(importLinger)
+		d.parked.segs[im] = struct{}{}
+		d.armSweepLocked(im.until)
+		imports.mu.Unlock()
+		return
+	}
+	unlinkImportLocked(im)
 	imports.mu.Unlock()
 	seg.Close()
+}
+
+// unlinkImportLocked forgets im, whose mapping the caller then unmaps.
+func unlinkImportLocked(im *imported) {
+	if im.parked != nil {
+		delete(im.parked.parked.segs, im)
+		im.parked = nil
+	}
+	delete(imports.byKey, im.key)
+	delete(imports.bySeg, im.seg)
+}
+
+// armSweepLocked makes sure that d's parked mappings are swept by until.
+// The caller holds imports.mu.
+func (d *Device) armSweepLocked(until time.Time) {
+	p := &d.parked
+	if p.timer != nil && !p.due.After(until) {
+		return
+	}
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	p.due = until
+	p.timer = time.AfterFunc(time.Until(until), d.sweepParked)
+}
+
+// sweepParked unmaps d's parked mappings whose time is up, or all of them
+// once d is closed, and comes back for the rest.
+func (d *Device) sweepParked() {
+	now := time.Now()
+	var segs []*shm.Segment
+	var notes []*shm.Notifier
+	imports.mu.Lock()
+	next := time.Duration(-1)
+	due := func(until time.Time) bool {
+		if d.parked.closed || !until.After(now) {
+			return true
+		}
+		if left := until.Sub(now); next < 0 || left < next {
+			next = left
+		}
+		return false
+	}
+	for im := range d.parked.segs {
+		if due(im.until) {
+			unlinkImportLocked(im)
+			segs = append(segs, im.seg)
+		}
+	}
+	for in := range d.parked.notes {
+		if due(in.until) {
+			unlinkNotifierLocked(in)
+			notes = append(notes, in.n)
+		}
+	}
+	known := d.sweepKnownLocked(now, &next) // known.go
+	if d.parked.timer != nil {
+		d.parked.timer.Stop() // a sweep armed for later than this one
+	}
+	d.parked.timer = nil
+	if next >= 0 {
+		d.parked.due = now.Add(next)
+		d.parked.timer = time.AfterFunc(next, d.sweepParked)
+	}
+	imports.mu.Unlock()
+	for _, s := range segs {
+		s.Close()
+	}
+	for _, n := range notes {
+		n.Close()
+	}
+	for _, kp := range known {
+		kp.release()
+	}
+}
+
+// closeParked unmaps every mapping d keeps and parks no more: d is
+// closing.
+func (d *Device) closeParked() {
+	imports.mu.Lock()
+	d.parked.closed = true
+	if d.parked.timer != nil {
+		d.parked.timer.Stop()
+	}
+	imports.mu.Unlock()
+	d.sweepParked()
 }
 
 // importedSegments returns how many peer segments this process maps.
@@ -138,16 +265,18 @@ func importedSegments() int {
 // Peers' wake hubs are opened once per process too, keyed by the hub
 // table's file: every queue pair to a peer device passes the same hub.
 // The pipe that comes with a table already open is closed unused.
+// imports.mu guards them.
 var notifiers struct {
-	mu    sync.Mutex
 	byKey map[shm.FileID]*importedNotifier
 	byN   map[*shm.Notifier]*importedNotifier
 }
 
 type importedNotifier struct {
-	id   shm.FileID
-	n    *shm.Notifier
-	refs int
+	id     shm.FileID
+	n      *shm.Notifier
+	refs   int
+	parked *Device // as imported's
+	until  time.Time
 }
 
 // importNotifier opens the peer's hub from its table and pipe, or takes
@@ -160,13 +289,17 @@ func importNotifier(table, event int) (*shm.Notifier, error) {
 		sys.Close(event)
 		return nil, err
 	}
-	notifiers.mu.Lock()
-	defer notifiers.mu.Unlock()
-	if im := notifiers.byKey[id]; im != nil {
+	imports.mu.Lock()
+	defer imports.mu.Unlock()
+	if in := notifiers.byKey[id]; in != nil {
 		sys.Close(table)
 		sys.Close(event)
-		im.refs++
-		return im.n, nil
+		if in.parked != nil {
+			delete(in.parked.parked.notes, in)
+			in.parked = nil
+		}
+		in.refs++
+		return in.n, nil
 	}
 	n, err := shm.OpenNotifier(table, event)
 	if err != nil {
@@ -176,27 +309,51 @@ func importNotifier(table, event int) (*shm.Notifier, error) {
 		notifiers.byKey = map[shm.FileID]*importedNotifier{}
 		notifiers.byN = map[*shm.Notifier]*importedNotifier{}
 	}
-	im := &importedNotifier{id: id, n: n, refs: 1}
-	notifiers.byKey[id] = im
-	notifiers.byN[n] = im
+	in := &importedNotifier{id: id, n: n, refs: 1}
+	notifiers.byKey[id] = in
+	notifiers.byN[n] = in
 	return n, nil
 }
 
 // releaseNotifier drops a reference taken by importNotifier; the last one
 // closes the peer's hub.
-func releaseNotifier(n *shm.Notifier) {
-	notifiers.mu.Lock()
-	im := notifiers.byN[n]
-	if im == nil {
-		notifiers.mu.Unlock()
+func releaseNotifier(n *shm.Notifier) { dropNotifier(n, nil) }
+
+// parkNotifier is parkImport for a peer's hub.
+func parkNotifier(n *shm.Notifier, d *Device) { dropNotifier(n, d) }
+
+func dropNotifier(n *shm.Notifier, d *Device) {
+	imports.mu.Lock()
+	in := notifiers.byN[n]
+	if in == nil {
+		imports.mu.Unlock()
 		return
 	}
-	if im.refs--; im.refs > 0 {
-		notifiers.mu.Unlock()
+	if in.refs--; in.refs > 0 {
+		imports.mu.Unlock()
 		return
 	}
-	delete(notifiers.byKey, im.id)
-	delete(notifiers.byN, n)
-	notifiers.mu.Unlock()
+	if d != nil && !d.parked.closed {
+		if d.parked.notes == nil {
+			d.parked.notes = map[*importedNotifier]struct{}{}
+		}
+		in.parked, in.until = d, time.Now().Add(importLinger)
+		d.parked.notes[in] = struct{}{}
+		d.armSweepLocked(in.until)
+		imports.mu.Unlock()
+		return
+	}
+	unlinkNotifierLocked(in)
+	imports.mu.Unlock()
 	n.Close()
+}
+
+// unlinkNotifierLocked forgets in, which the caller then closes.
+func unlinkNotifierLocked(in *importedNotifier) {
+	if in.parked != nil {
+		delete(in.parked.parked.notes, in)
+		in.parked = nil
+	}
+	delete(notifiers.byKey, in.id)
+	delete(notifiers.byN, in.n)
 }

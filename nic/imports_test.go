@@ -13,8 +13,9 @@ import (
 // and checks that each device's registration table and memory segment is
 // mapped once by the other, however many queue pairs received it, that no
 // fd of a peer's segment stays open, that every queue pair reaches the
-// peer's memory through the shared mapping, and that closing them all
-// gives everything back.
+// peer's memory through the shared mapping, that closing them all leaves
+// the mappings parked, and that closing the devices gives everything
+// back.
 func TestPeerSegmentsMappedOnce(t *testing.T) {
 	const n = 8
 	a, b := openDevice(t, nil), openDevice(t, nil)
@@ -99,11 +100,87 @@ func TestPeerSegmentsMappedOnce(t *testing.T) {
 		qas[i].Close()
 		qbs[i].Close()
 	}
+	if got := importedSegments() - imported; got != 4 {
+		t.Errorf("%d peer segments mapped after closing every queue pair, want the 4 parked", got)
+	}
+	ln.Close()
+	a.Close()
+	b.Close()
 	if got := importedSegments(); got != imported {
-		t.Errorf("%d peer segments mapped after closing every queue pair, want %d", got, imported)
+		t.Errorf("%d peer segments mapped after closing both devices, want %d", got, imported)
 	}
 	if err := before.CheckLeaks(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestParkedImports: a device keeps its peer's table, hub and memory
+// segments mapped after its last queue pair to that peer closes, and the
+// next queue pair takes them over without mapping anything; they go when
+// importLinger passes with no queue pair using them.
+func TestParkedImports(t *testing.T) {
+	defer func(d time.Duration) { importLinger = d }(importLinger)
+	importLinger = time.Hour
+	a, b := openDevice(t, nil), openDevice(t, nil)
+	alloc(t, a, 4096) // a memory segment, announced to b's queue pairs
+	ln, err := a.Listen(testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	imported := importedSegments()
+	connect := func() (qa, qb *QueuePair) {
+		t.Helper()
+		accepted := make(chan *QueuePair, 1)
+		go func() {
+			qp, err := ln.Accept(QPOptions{SendCQ: a.NewCQ(), RecvCQ: a.NewCQ()})
+			if err != nil {
+				t.Error(err)
+			}
+			accepted <- qp
+		}()
+		qb, err := b.Dial(ln.Addr().String(), QPOptions{SendCQ: b.NewCQ(), RecvCQ: b.NewCQ()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if qa = <-accepted; qa == nil {
+			t.FailNow()
+		}
+		awaitPeerSegments(t, qb, 1)
+		return qa, qb
+	}
+	qa, qb := connect()
+	table, note, seg := qb.peer.tableSeg, qb.note, qb.peer.segs[0]
+	qa.Close()
+	qb.Close()
+	if got := importedSegments() - imported; got != 3 {
+		t.Fatalf("%d peer segments mapped once the queue pairs closed, want the 3 parked (two tables, a's memory)", got)
+	}
+	before := testutil.Snapshot()
+	qa, qb = connect()
+	if qb.peer.tableSeg != table || qb.note != note || qb.peer.segs[0] != seg {
+		t.Errorf("the second queue pair mapped its peer's table, hub or segment again instead of taking the parked ones")
+	}
+	now := testutil.Snapshot()
+	// The new queue pair's own rings are the only new mapping, one for
+	// each end in this process.
+	if got := len(now.Mappings) - len(before.Mappings); got != 2 {
+		t.Errorf("%d new shared mappings for a queue pair to a known peer, want 2 (its rings, both ends):\n%s", got, strings.Join(now.Mappings, "\n"))
+	}
+	qa.Close()
+	qb.Close()
+	// Expiry: parked anew with a short linger, the mappings go when it
+	// passes, though a sweep was armed an hour away.
+	importLinger = time.Millisecond
+	qa, qb = connect()
+	qa.Close()
+	qb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for importedSegments() != imported {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d peer segments still mapped 10 s after their linger of 1 ms", importedSegments()-imported)
+		}
+		time.Sleep(time.Millisecond) // poll: the sweep timer's goroutine
 	}
 }
 

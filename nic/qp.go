@@ -86,6 +86,7 @@ type peerInfo struct {
 	uid      uint32
 	attr     Attr
 	version  uint16 // of the connection manager's messages
+	private  []byte // the peer's private data from the handshake
 	table    peerTable
 	tableSeg *shm.Segment
 
@@ -130,14 +131,19 @@ type QueuePair struct {
 	// store per message would sit on a ping-pong's path.
 	rqAny atomic.Bool
 
-	state      atomic.Uint32
-	reason     atomic.Pointer[error]
-	closeOnce  sync.Once
-	retireMu   sync.Mutex
-	retiring   int                 // unmaps of segments the peer freed, under way
-	retired    chan struct{}       // closed when retiring drops to 0
-	announced  map[uint32]struct{} // our memory segments the peer has; under connMu
-	started    atomic.Bool         // the connection reader runs
+	state     atomic.Uint32
+	reason    atomic.Pointer[error]
+	closeOnce sync.Once
+	retireMu  sync.Mutex
+	retiring  int                 // unmaps of segments the peer freed, under way
+	retired   chan struct{}       // closed when retiring drops to 0
+	announced map[uint32]struct{} // our memory segments the peer has; under connMu
+	// An early dial's (known.go): the answer it runs on, whose reply the
+	// connection reader takes first, by awaitBy.
+	awaiting   *knownPeer
+	awaitKey   knownKey
+	awaitBy    time.Time
+	started    atomic.Bool // the connection reader runs
 	readerDone chan struct{}
 
 	sstats Stats // send-side counters; guarded by sqMu
@@ -171,6 +177,11 @@ func (qp *QueuePair) PeerAttr() Attr { return qp.peer.attr }
 
 // PeerPID returns the peer's process id, as the kernel reported it.
 func (qp *QueuePair) PeerPID() int { return qp.peer.pid }
+
+// PeerPrivateData returns the private data the peer sent with the
+// handshake (QPOptions.PrivateData), nil if none; peer input, to be
+// validated by whoever reads it.
+func (qp *QueuePair) PeerPrivateData() []byte { return qp.peer.private }
 
 func (qp *QueuePair) stateErr() error {
 	if err := qp.Err(); err != nil {
@@ -718,21 +729,7 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		} else {
 			c = new(Completion)
 		}
-		*c = Completion{ID: r.ID, Op: OpRecv, QP: qp, Bytes: len(rec.Data)}
-		if len(rec.Data) > len(r.Buf) {
-			c.Status, c.Bytes = StatusLocalLength, 0
-			c.Reason = fmt.Errorf("message of %d bytes, buffer of %d", len(rec.Data), len(r.Buf))
-		} else if r.mr != nil && qp.dev.regs[r.mr.idx].Load() != r.mr {
-			// Deregistered since it was posted: the memory may be unmapped,
-			// and its addresses mapped again by something else, where a
-			// copy would not fault.
-			c.Status, c.Bytes = StatusLocalAccess, 0
-			c.Reason = fmt.Errorf("receive buffer's region was deregistered")
-		} else if qp.dev.owns(r.mr) {
-			copy(r.Buf, rec.Data) // device memory to ring: neither can vanish
-		} else if err := safeCopy(r.Buf, rec.Data); err != nil {
-			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
-		}
+		qp.deliver(c, r, rec.Data)
 		traceRecvDone(qp, r.ID, c.Bytes, c.Status)
 		*r = postedRecv{}
 		qp.rstats.Recvs++
@@ -762,6 +759,29 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		qp.flush()
 	}
 	return direct
+}
+
+// deliver completes the posted receive r with the incoming send data into
+// c: it copies data into r's buffer unless the buffer is too small or its
+// region was deregistered since the post (the memory may be unmapped, and
+// its addresses mapped again by something else, where a copy would not
+// fault). The caller holds rqMu.
+func (qp *QueuePair) deliver(c *Completion, r *postedRecv, data []byte) {
+	*c = Completion{ID: r.ID, Op: OpRecv, QP: qp, Bytes: len(data)}
+	switch {
+	case len(data) > len(r.Buf):
+		c.Status, c.Bytes = StatusLocalLength, 0
+		c.Reason = fmt.Errorf("message of %d bytes, buffer of %d", len(data), len(r.Buf))
+	case r.mr != nil && qp.dev.regs[r.mr.idx].Load() != r.mr:
+		c.Status, c.Bytes = StatusLocalAccess, 0
+		c.Reason = fmt.Errorf("receive buffer's region was deregistered")
+	case qp.dev.owns(r.mr):
+		copy(r.Buf, data) // device memory to ring: neither can vanish
+	default:
+		if err := safeCopy(r.Buf, data); err != nil {
+			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
+		}
+	}
 }
 
 // lazyRelease bounds the ring space a poller's receives may hold after it
@@ -915,11 +935,13 @@ func (qp *QueuePair) Close() error {
 		qp.sqMu.Unlock()
 		qp.awaitRetired() // the reader, which starts them, is done
 		qp.seg.Close()
-		releaseNotifier(qp.note)
-		releaseImport(qp.peer.tableSeg)
+		// The peer's hub, table and segments stay mapped a while for the
+		// device's next queue pairs (imports.go).
+		parkNotifier(qp.note, qp.dev)
+		parkImport(qp.peer.tableSeg, qp.dev)
 		qp.peer.segMu.Lock()
 		for _, s := range qp.peer.segs {
-			releaseImport(s)
+			parkImport(s, qp.dev)
 		}
 		qp.peer.segs = nil
 		qp.peer.segMu.Unlock()

@@ -172,7 +172,8 @@ var deathCases = []deathCase{
 	{
 		name:        "handshake/dialer-survives",
 		parentDials: true,
-		// The child completes the nic handshake but never says hello.
+		// The child's nic listener takes the hello and never answers it:
+		// its Answer, which sees our session hello, parks.
 		child: func(cfg *Config, lnAddr, own string) error {
 			d, err := nic.Open(nil)
 			if err != nil {
@@ -184,25 +185,35 @@ var deathCases = []deathCase{
 			}
 			say("listening")
 			cq := d.NewCQ()
-			if _, err := ln.Accept(nic.QPOptions{SendCQ: cq, RecvCQ: cq}); err != nil {
-				return err
-			}
-			say("accepted")
-			return parked()
+			_, err = ln.Accept(nic.QPOptions{SendCQ: cq, RecvCQ: cq, Answer: func([]byte) ([]byte, error) {
+				say("accepted")
+				return nil, parked()
+			}})
+			return err
 		},
 		parent: (*deathRun).dialAfterAccept,
 	},
 	{
 		name: "handshake/acceptor-survives",
-		// The child connects a queue pair to our listener, never says
-		// hello: the listener's handshake of it must end at the kill.
+		// The child completes the handshake, session hello and all, and
+		// never touches the rings: the connection our listener made of
+		// it, accepted and waited on, resets at the kill.
 		child: func(cfg *Config, lnAddr, own string) error {
-			d, err := nic.Open(nil)
+			c, err := resolve(cfg)
 			if err != nil {
 				return err
 			}
-			cq := d.NewCQ()
-			if _, err := d.Dial(lnAddr, nic.QPOptions{SendCQ: cq, RecvCQ: cq}); err != nil {
+			d, err := acquireDevice(&c)
+			if err != nil {
+				return err
+			}
+			bell, err := prepareHello(d)
+			if err != nil {
+				return err
+			}
+			cq := d.nic.NewCQ()
+			if _, err := d.nic.Dial(lnAddr, nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true,
+				PrivateData: helloMsg(d, &c, true, uint32(c.Window), bell)}); err != nil {
 				return err
 			}
 			say("connected")
@@ -210,6 +221,7 @@ var deathCases = []deathCase{
 		},
 		parent: func(r *deathRun) {
 			r.notes.wait(r.t, "connected")
+			r.start("read", readOnce(r.accept()))
 		},
 	},
 	{

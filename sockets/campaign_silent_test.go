@@ -2,8 +2,10 @@ package sockets
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,10 +13,11 @@ import (
 	"github.com/sandirect/sandirect/nic"
 )
 
-// A peer that connects and then says nothing — before the nic handshake
-// (a bare Unix connection) or before the session's hello (a queue pair) —
-// holds up only its own connection: the listener serves other clients
-// meanwhile, at once, not after HandshakeTimeout.
+// A peer that connects and then says nothing before the nic handshake (a
+// bare Unix connection) holds up only its own connection: the listener
+// serves other clients meanwhile, at once, not after HandshakeTimeout. A
+// queue pair whose handshake carries no session hello is refused at once,
+// and stays connected to nothing.
 
 func init() {
 	testutil.RegisterChild("campaign-silent", func(args []string) error {
@@ -30,8 +33,13 @@ func init() {
 				return err
 			}
 			cq := d.NewCQ()
-			if _, err := d.Dial(addr, nic.QPOptions{SendCQ: cq, RecvCQ: cq}); err != nil {
-				return err
+			qp, err := d.Dial(addr, nic.QPOptions{SendCQ: cq, RecvCQ: cq})
+			if err == nil {
+				qp.Close()
+				return errors.New("a queue pair without a session hello was accepted")
+			}
+			if !errors.Is(err, nic.ErrRefused) || !strings.Contains(err.Error(), "without a session hello") {
+				return fmt.Errorf("refused with %v, want a reason about the session hello", err)
 			}
 		default:
 			return fmt.Errorf("kind %q", kind)

@@ -111,13 +111,23 @@ func dialSHM(ctx context.Context, cfg Config, name, netw string, laddr, raddr ne
 		uc.Close()
 		return nil, err
 	}
-	cq := d.nic.NewCQ()
-	qp, err := d.nic.DialConn(uc.(*net.UnixConn), nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: cfg.HandshakeTimeout})
+	bell, err := prepareHello(d)
 	if err != nil {
+		uc.Close()
 		d.release()
 		return nil, err
 	}
-	return newConn(d, qp, cq, cfg, true, netw, laddr, raddr)
+	cq := d.nic.NewCQ()
+	// Early: a listener that answered this hello before is taken to
+	// answer the same, and the connection is usable before its reply.
+	qp, err := d.nic.DialConn(uc.(*net.UnixConn), nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: cfg.HandshakeTimeout,
+		PrivateData: helloMsg(d, &cfg, true, uint32(cfg.Window), bell), Early: true})
+	if err != nil {
+		cq.Close()
+		d.release()
+		return nil, err
+	}
+	return newConn(d, qp, cq, cfg, true, netw, laddr, raddr, bell, qp.PeerPrivateData())
 }
 
 // isNoListener tells whether a connect failed because nothing listens on

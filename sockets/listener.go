@@ -272,40 +272,22 @@ func (l *Listener) handshake(p *nic.Pending) {
 	}
 	l.pending[p] = struct{}{}
 	l.pmu.Unlock()
-	cq := l.dev.nic.NewCQ()
-	qp, err := p.Handshake(nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: l.cfg.HandshakeTimeout})
+	d := l.dev
+	cq := d.nic.NewCQ()
+	var bell *nic.MemoryRegion // our hello's doorbell, readied by answerHello
+	qp, err := p.Handshake(nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: l.cfg.HandshakeTimeout,
+		Answer: answerHello(d, &l.cfg, &bell)})
 	l.pmu.Lock()
 	delete(l.pending, p)
 	l.pmu.Unlock()
 	if err != nil {
+		cq.Close()
 		return
 	}
-	d := l.dev
 	d.hold() // the connection's own
 	laddr, raddr := l.shmAddrs(qp)
-	// Close ends the session handshake too: a peer silent before its
-	// hello held Listener.Close for HandshakeTimeout.
-	var (
-		setMu sync.Mutex // guards isSet
-		isSet bool       // newConn returned: the queue pair is the connection's
-	)
-	set := make(chan struct{})
-	go func() {
-		select {
-		case <-l.done:
-			setMu.Lock()
-			if !isSet {
-				qp.Close()
-			}
-			setMu.Unlock()
-		case <-set:
-		}
-	}()
-	c, err := newConn(d, qp, cq, l.cfg, false, l.netw, laddr, raddr)
-	setMu.Lock()
-	isSet = true
-	setMu.Unlock()
-	close(set)
+	// Both hellos came with the handshake: newConn waits for nothing.
+	c, err := newConn(d, qp, cq, l.cfg, false, l.netw, laddr, raddr, bell, qp.PeerPrivateData())
 	if err != nil {
 		return
 	}

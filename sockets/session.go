@@ -302,23 +302,39 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 
 // awaitReply polls for Config.ReplyWait, in block mode, after this side
 // sent a message: the answer to it may be on its way, and finding it costs
-// less than a sleep and a wake-up. It returns how many completions it
-// took and whether anything came (a message in the ring, or completions);
-// false when the wait was kicked, its deadline passed or nothing came.
+// less than a sleep and a wake-up. It spins (shm.WaitStrategy, busy) and
+// returns how many completions it took and whether anything came (a
+// message in the ring, or completions); false when the wait was kicked,
+// its deadline passed or nothing came. The caller is the poller.
 func (c *Conn) awaitReply(comps []nic.Completion, dl *deadline, k uint32) (int, bool) {
-	end := time.Now().Add(c.cfg.ReplyWait)
-	for i := 1; ; i++ {
-		if n := c.cq.Poll(comps); n > 0 || c.qp.RecvPending() {
-			return n, true // n == 0: the answer is in the ring
-		}
-		// A poll is cheap (docs/performance.md): look at the clock every eighth.
-		if i%8 == 0 {
-			if c.kick.Load() != k || dl != nil && dl.expired.Load() || time.Now().After(end) {
-				return 0, false
-			}
-		}
-	}
+	c.reply = replyLook{c: c, comps: comps, dl: dl, k: k}
+	c.replySpin.Wait(&c.reply, nil, time.Now().Add(c.cfg.ReplyWait))
+	r := c.reply
+	c.reply = replyLook{}
+	return r.n, r.got
 }
+
+// replyLook is awaitReply's wait: a poll of the completion queue and the
+// ring, ended early by a kick or the deadline.
+type replyLook struct {
+	c     *Conn
+	comps []nic.Completion
+	dl    *deadline
+	k     uint32
+	n     int
+	got   bool
+}
+
+func (r *replyLook) Ready() bool {
+	c := r.c
+	if r.n = c.cq.Poll(r.comps); r.n > 0 || c.qp.RecvPending() {
+		r.got = true
+		return true
+	}
+	return c.kick.Load() != r.k || r.dl != nil && r.dl.expired.Load()
+}
+
+func (r *replyLook) Arm(uint32) {} // it never parks
 
 // repostLocked gives back the ring space of what was read.
 func (c *Conn) repostLocked() { c.releaseLocked() }
@@ -520,49 +536,17 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	c.stats.count(cMsgsReceived, 1)
 	t := h.Type()
 	if !c.helloDone {
-		if t != msgHello {
-			if t == msgAbort {
-				c.resetLocked(&resetError{reason: string(payload)})
-				return
-			}
-			c.abortLocked(protoErr("first message is %v, not hello", t))
-			return
-		}
-		c.received++
-		c.onHelloLocked(&h, payload)
-		c.consumeLocked(true)
+		c.onFirstLocked(&h, payload)
 		return
 	}
-	// Credits: the peer may have at most window messages unacknowledged,
-	// the last two of which only for control and credit messages, the
-	// last one only for credit messages and aborts.
-	limit := c.window - uint32(classOf(t)) + 1
-	if c.received-c.ackSent >= limit {
-		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+	if !c.creditedLocked(&h) {
 		return
-	}
-	c.received++
-	if ack := h.Ack(); ack-c.peerAck > c.sent-c.peerAck {
-		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
-		return
-	} else {
-		c.peerAck = ack
 	}
 	switch t {
 	case msgHello:
 		c.abortLocked(protoErr("second hello"))
 	case msgData:
-		if c.closed {
-			c.abortLocked(&abortError{err: errLateData})
-			return
-		}
-		if c.peerFin {
-			c.abortLocked(protoErr("data after fin"))
-			return
-		}
-		e := rxEntry{kind: msgData, data: payload}
-		c.holdLocked(&e, start)
-		c.pushRxLocked(e)
+		c.onDataLocked(payload, start)
 	case msgRTS:
 		c.onRTSLocked(start, &h, payload)
 	case msgCTS:
@@ -577,16 +561,72 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	case msgCredit:
 		c.consumeLocked(true)
 	case msgFin:
-		if c.peerFin {
-			c.abortLocked(protoErr("second fin"))
-			return
-		}
-		c.peerFin = true
-		c.pushRxLocked(rxEntry{kind: msgFin})
-		c.consumeLocked(false)
+		c.onFinLocked()
 	case msgAbort:
 		c.resetLocked(&resetError{reason: string(payload)})
 	}
+}
+
+// onFirstLocked handles the peer's first message, which must be its hello
+// (or an abort that says why it refuses us).
+func (c *Conn) onFirstLocked(h *header, payload []byte) {
+	switch t := h.Type(); t {
+	case msgHello:
+		c.received++
+		c.onHelloLocked(h, payload)
+		c.consumeLocked(true)
+	case msgAbort:
+		c.resetLocked(&resetError{reason: string(payload)})
+	default:
+		c.abortLocked(protoErr("first message is %v, not hello", t))
+	}
+}
+
+// creditedLocked counts a message that came and takes its ack, and
+// aborts the connection if the peer had no credit for it or acknowledges
+// messages never sent. Credits: the peer may have at most window messages
+// unacknowledged, the last two of which only for control and credit
+// messages, the last one only for credit messages and aborts.
+func (c *Conn) creditedLocked(h *header) bool {
+	t := h.Type()
+	limit := c.window - uint32(classOf(t)) + 1
+	if c.received-c.ackSent >= limit {
+		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+		return false
+	}
+	c.received++
+	ack := h.Ack()
+	if ack-c.peerAck > c.sent-c.peerAck {
+		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
+		return false
+	}
+	c.peerAck = ack
+	return true
+}
+
+// onDataLocked queues eager data for Read, where it lies in the ring.
+func (c *Conn) onDataLocked(payload []byte, start uint64) {
+	switch {
+	case c.closed:
+		c.abortLocked(&abortError{err: errLateData})
+	case c.peerFin:
+		c.abortLocked(protoErr("data after fin"))
+	default:
+		e := rxEntry{kind: msgData, data: payload}
+		c.holdLocked(&e, start)
+		c.pushRxLocked(e)
+	}
+}
+
+// onFinLocked records the end of the peer's stream.
+func (c *Conn) onFinLocked() {
+	if c.peerFin {
+		c.abortLocked(protoErr("second fin"))
+		return
+	}
+	c.peerFin = true
+	c.pushRxLocked(rxEntry{kind: msgFin})
+	c.consumeLocked(false)
 }
 
 func (c *Conn) onHelloLocked(h *header, payload []byte) {
@@ -598,9 +638,8 @@ func (c *Conn) onHelloLocked(h *header, payload []byte) {
 	lo, hi := c.versions()
 	v, ok := negotiate(lo, hi, m.minVer, m.maxVer)
 	if !ok {
-		if !c.dialer {
-			c.sendHelloLocked() // so that the dialer learns why
-		}
+		// The acceptor's hello went with the handshake: the dialer learns
+		// the same from it.
 		c.abortLocked(&abortError{err: fmt.Errorf("%w: we speak [%d, %d], the peer [%d, %d]", ErrVersion, lo, hi, m.minVer, m.maxVer)})
 		return
 	}

@@ -1,0 +1,142 @@
+package sockets
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/testutil"
+)
+
+func init() {
+	testutil.RegisterChild("echo-listeners", echoListenersChild)
+}
+
+// envChildProfile names a file for the echo-listeners child's CPU
+// profile: the other half of a dial's work, which -cpuprofile misses.
+const envChildProfile = "SANDIRECT_BENCH_CHILD_CPUPROFILE"
+
+// echoListenersChild listens with this package on args[0], on the Unix
+// stream socket args[1] and on TCP loopback, echoes every connection
+// until its peer closes it, writes the TCP address to fd 3 once all
+// listen, and serves until fd 3's reader closes its end of fd 4.
+func echoListenersChild(args []string) error {
+	if path := os.Getenv(envChildProfile); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for _, l := range []struct{ netw, addr string }{{"sandirect", args[0]}, {"unix", args[1]}, {"tcp", "127.0.0.1:0"}} {
+		listen := net.Listen
+		if l.netw == "sandirect" {
+			listen = Listen
+		}
+		ln, err := listen(l.netw, l.addr)
+		if err != nil {
+			return err
+		}
+		ls = append(ls, ln)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					io.Copy(c, c)
+					c.Close()
+				}()
+			}
+		}()
+	}
+	ready := os.NewFile(3, "ready")
+	fmt.Fprintln(ready, ls[2].Addr())
+	ready.Close()
+	stop := os.NewFile(4, "stop")
+	io.Copy(io.Discard, stop) // EOF: the benchmark is done
+	return nil
+}
+
+// startEchoListeners runs echoListenersChild and returns its addresses
+// for "sandirect", "unix" and "tcp", and the function that stops it.
+func startEchoListeners(tb testing.TB) (addrs map[string]string, stop func()) {
+	tb.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sr, sw, err := os.Pipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	shmAddr := fmt.Sprintf("@sandirect-bench-dial-%d", os.Getpid())
+	unixAddr := shmAddr + "-unix"
+	child := testutil.StartChild(tb, "echo-listeners", []*os.File{w, sr}, shmAddr, unixAddr)
+	w.Close()
+	sr.Close()
+	r.SetReadDeadline(time.Now().Add(20 * time.Second))
+	line, err := bufio.NewReader(r).ReadString('\n')
+	r.Close()
+	if err != nil {
+		tb.Fatalf("echo listeners not ready: %v; output:\n%s", err, child.Output())
+	}
+	addrs = map[string]string{"shm": shmAddr, "unix": unixAddr, "tcp": strings.TrimSpace(line)}
+	return addrs, func() {
+		sw.Close()
+		if err := child.Wait(20 * time.Second); err != nil {
+			tb.Errorf("echo listeners: %v; output:\n%s", err, child.Output())
+		}
+	}
+}
+
+// BenchmarkDial: a connection per request — dial, write 64 bytes, read
+// the echo, close — to a listener in another process, against a Unix
+// stream socket and TCP loopback. (The setup suite of the bench command
+// measures the same with percentiles.)
+func BenchmarkDial(b *testing.B) {
+	addrs, stop := startEchoListeners(b)
+	defer stop()
+	for _, tr := range []struct{ name, netw string }{{"shm", "sandirect"}, {"unix", "unix"}, {"tcp", "tcp"}} {
+		dial := net.Dial
+		if tr.netw == "sandirect" {
+			dial = Dial
+		}
+		b.Run("transport="+tr.name, func(b *testing.B) {
+			buf := make([]byte, 64)
+			b.ReportAllocs()
+			for b.Loop() {
+				c, err := dial(tr.netw, addrs[tr.name])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, buf); err != nil {
+					b.Fatal(err)
+				}
+				if err := c.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
