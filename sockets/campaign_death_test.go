@@ -357,14 +357,15 @@ var deathCases = []deathCase{
 	{
 		name:     "write-rendezvous/sender-survives",
 		childCfg: writeMode(),
-		// The child takes one chunk through its staging buffer, then
-		// reads no more: our write waits for its next cts.
+		// The child takes the inline part and one chunk through its
+		// staging buffer, then reads no more: our write waits for its
+		// next cts.
 		child: func(cfg *Config, lnAddr, own string) error {
 			c, err := dialParent(cfg, lnAddr)
 			if err != nil {
 				return err
 			}
-			if _, err := io.ReadFull(c, make([]byte, 8192)); err != nil {
+			if _, err := io.ReadFull(c, make([]byte, cfg.withDefaults().BufferSize-headerSize+4096)); err != nil {
 				return err
 			}
 			say("read")

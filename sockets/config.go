@@ -37,17 +37,25 @@ func (z ZeroCopy) String() string {
 // Config configures connections and listeners. A nil *Config means
 // DefaultConfig(); a zero field means that field's default.
 type Config struct {
-	// BufferSize is the size of one control-message buffer, header
-	// included: the largest message this side receives. Default 4096.
+	// BufferSize is the largest message this side receives, header
+	// included: the fragment of an eager write. Default 8232, 8 KiB of
+	// data and the 40-byte header (docs/protocol.md, "Eager": chosen by
+	// measurement).
 	BufferSize int
-	// Window is how many control-message buffers are posted for receive:
-	// the credits granted to the peer. One of them is reserved for credit
-	// messages. Default 8.
+	// Window is how many messages the peer may send unacknowledged: the
+	// credits granted to it. The last three are kept for control and
+	// credit messages. The ring from the peer holds Window+2 messages of
+	// BufferSize, rounded up to a power of two (256 KiB by default); it is
+	// mapped lazily, so an idle connection does not pay for it, a busy
+	// one does. Default 24.
 	Window int
 	// SendBuffers is the send part of the control-message pool. Default 4.
 	SendBuffers int
-	// EagerThreshold: writes of at most this many bytes travel inside
-	// control messages; larger ones use a rendezvous. Default 16 KiB.
+	// EagerThreshold: writes of at most this many bytes travel as data
+	// messages in the ring, pipelined (the reader copies one out while
+	// the writer copies the next in), when the credits held carry all of
+	// the write; larger ones, and ones the credits do not carry, use a
+	// rendezvous (eager.go). Default 128 KiB.
 	EagerThreshold int
 	// MaxTransfer bounds the bytes one rendezvous moves; larger writes use
 	// several. Default 16 MiB.
@@ -133,10 +141,10 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		BufferSize:       4096,
-		Window:           8,
+		BufferSize:       8<<10 + headerSize,
+		Window:           24,
 		SendBuffers:      4,
-		EagerThreshold:   16 << 10,
+		EagerThreshold:   128 << 10,
 		MaxTransfer:      16 << 20,
 		CopyThreshold:    256 << 10,
 		ZeroCopyMax:      0,

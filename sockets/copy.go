@@ -282,7 +282,7 @@ func (c *Conn) writeTemp(t []byte, k int) (n int, kept bool, err error) {
 	if err := c.writableLocked(); err != nil {
 		return 0, false, err
 	}
-	if k > c.cfg.EagerThreshold && k > c.maxPayload && !time.Now().Before(c.eagerUntil) {
+	if !c.eagerLocked(k) && !time.Now().Before(c.eagerUntil) {
 		m, kept, err := c.sendTempLocked(t, k)
 		if kept || err != nil {
 			return m, kept, err

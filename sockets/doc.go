@@ -17,9 +17,11 @@
 //
 // # Session protocol
 //
-// Each connection owns a registered pool of control-message buffers: some
-// posted for receive (the peer's credits), some for sends. Writes up to
-// Config.EagerThreshold travel inside control messages. Larger ones send
+// Messages travel in the queue pair's rings, a window of them each way
+// (the peer's credits). A write up to one message's payload (8 KiB) is
+// one data message; up to Config.EagerThreshold (128 KiB), when the
+// credits carry it, data messages that the reader copies out while the
+// writer copies the next in. Larger ones send
 // their first part inline in an rts stating the total, then the rest by
 // rendezvous: the read rendezvous when the peer performs RDMA Reads (we
 // expose the source, it reads, it says done), or the write rendezvous
@@ -40,6 +42,11 @@
 // adds them up for the process, which publishes them for tools/sdstat as
 // the group "sockets" while it has a connection or listener (publish.go);
 // tools/sdtrace traces Reads and Writes with uprobes (trace.go).
+//
+// Conn is an io.WriterTo and an io.ReaderFrom, so that io.Copy between a
+// Conn and a file, socket or buffer needs no bounce buffer: WriteTo hands
+// received data to the destination's Write where it lies in the ring
+// from the peer, ReadFrom reads the source into memory the peer maps.
 //
 // # Progress and waiting
 //
