@@ -73,6 +73,14 @@ type QPOptions struct {
 	// QueuePair.PeerPrivateData. A layer above can so settle its own
 	// parameters in the same round trip.
 	PrivateData []byte
+	// Early, on a dialer, returns from the dial once the hello is sent
+	// when the listener at this address, in the same process, answered
+	// this same hello before (QueuePair.Early): the queue pair runs on
+	// that answer — the listener's table, hub, attributes and private
+	// data — and its connection reader checks the reply when it comes. A
+	// reject or any other answer fails the queue pair, with the reason,
+	// and the listener is forgotten.
+	Early bool
 	// Answer, on a listener, sees the dialer's private data after the
 	// policy and the request passed their checks and returns the reply's
 	// private data, in place of PrivateData. An error refuses the dialer,
@@ -307,10 +315,15 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		return nil, err
 	}
 	capacity := d.cfg.RingCapacity
-	// Lazy: an idle connection touches a page or two of its rings.
-	seg, err := shm.CreateSegmentLazy("qp", kindQP, qpSegmentSize(capacity))
+	seg, err := newQPSegment(capacity)
 	if err != nil {
 		return nil, err
+	}
+	key := knownKey{addr: conn.RemoteAddr().String(), hello: string(opts.PrivateData)}
+	if opts.Early {
+		if kp := d.knownFor(key, pid, uid); kp != nil {
+			return d.dialEarly(conn, opts, seg, capacity, kp) // known.go
+		}
 	}
 	qp, err := d.dialSegment(conn, opts, seg, capacity)
 	if err != nil {
@@ -318,31 +331,54 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		return nil, err
 	}
 	qp.peer.pid, qp.peer.uid = pid, uid
+	if opts.Early {
+		d.learn(key, qp) // known.go
+	}
 	conn.SetDeadline(time.Time{})
 	d.start(qp)
 	return qp, nil
 }
 
-// dialSegment initializes seg, the new queue pair's, sends the hello with
-// it and completes the handshake; the queue pair keeps this mapping.
-func (d *Device) dialSegment(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int) (*QueuePair, error) {
+// newQPSegment creates a queue pair's segment for rings of capacity
+// bytes, its header and both rings initialized.
+func newQPSegment(capacity int) (*shm.Segment, error) {
+	// Lazy: an idle connection touches a page or two of its rings.
+	seg, err := shm.CreateSegmentLazy("qp", kindQP, qpSegmentSize(capacity))
+	if err != nil {
+		return nil, err
+	}
 	mem := seg.Bytes()
 	binary.LittleEndian.PutUint32(mem[qpMagicOff:], qpMagic)
 	binary.LittleEndian.PutUint32(mem[qpVersionOff:], qpVersion)
 	binary.LittleEndian.PutUint32(mem[qpCapacityOff:], uint32(capacity))
 	for i := range 2 {
 		r, err := seg.Region(qpRingsOff+i*shm.RingSize(capacity), shm.RingSize(capacity))
-		if err != nil {
-			return nil, err
+		if err == nil {
+			err = shm.InitZeroedRing(r, capacity) // a fresh segment
 		}
-		if err := shm.InitZeroedRing(r, capacity); err != nil { // a fresh segment
+		if err != nil {
+			seg.Close()
 			return nil, err
 		}
 	}
+	return seg, nil
+}
+
+// sendHello sends the dialer's hello with seg, the queue pair's segment.
+func (d *Device) sendHello(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int) error {
 	h := d.hello(capacity, opts.PrivateData)
 	hubTable, hubEvent := d.hub.Fds()
 	if err := sys.SendFds(conn, h.marshal(), seg.Fd(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
-		return nil, fmt.Errorf("nic: handshake: %w", err)
+		return fmt.Errorf("nic: handshake: %w", err)
+	}
+	return nil
+}
+
+// dialSegment sends the hello with seg, the new queue pair's, and
+// completes the handshake; the queue pair keeps this mapping.
+func (d *Device) dialSegment(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int) (*QueuePair, error) {
+	if err := d.sendHello(conn, opts, seg, capacity); err != nil {
+		return nil, err
 	}
 	buf := make([]byte, cmRecvSize)
 	n, fds, err := sys.RecvFds(conn, buf, cmMaxFds)
@@ -421,6 +457,13 @@ func (d *Device) mapQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFile
 		releaseImport(tseg)
 		return nil, err
 	}
+	return d.attachQP(conn, opts, dialer, f, capacity, note, tseg, table)
+}
+
+// attachQP is mapQP once the peer's table is mapped and checked; on
+// failure it releases tseg and the queue pair's segment.
+func (d *Device) attachQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFiles, capacity int, note *shm.Notifier, tseg *shm.Segment, table peerTable) (*QueuePair, error) {
+	var err error
 	seg := f.seg
 	if seg == nil {
 		if seg, err = shm.OpenSegmentLazy(f.qp, kindQP, qpSegmentSize(capacity)); err != nil {
@@ -610,6 +653,49 @@ func (qp *QueuePair) dropPeerSegment(idx uint32) error {
 	return nil
 }
 
+// readMessages serves the peer's control messages until the connection
+// hangs up or breaks the protocol, and returns why it ended.
+func (qp *QueuePair) readMessages() error {
+	buf := make([]byte, cmMsgSize+1)
+	for {
+		n, fds, err := sys.RecvFds(qp.conn, buf, 2)
+		if err != nil || n == 0 {
+			sys.CloseAll(fds)
+			return ErrPeerGone
+		}
+		m, err := parseCMMsg(buf[:n], len(fds), qp.peer.version)
+		if err != nil {
+			sys.CloseAll(fds)
+			return err
+		}
+		if m.typ == cmSegDel {
+			if err := qp.dropPeerSegment(m.idx); err != nil {
+				return err
+			}
+			continue
+		}
+		seg := deniedSegment
+		if m.typ == cmSegAdd {
+			if seg, err = importSegment(fds[0], kindMemory, memDataOff+1, false); err != nil {
+				return fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, m.idx, err)
+			}
+		}
+		qp.peer.segMu.Lock()
+		full := len(qp.peer.segs) >= maxPeerSegments
+		if qp.peer.segs == nil || qp.peer.segs[m.idx] != nil || full {
+			releaseImport(seg) // closing, announced twice, or too many
+		} else {
+			qp.peer.segs[m.idx] = seg
+			close(qp.peer.segChanged)
+			qp.peer.segChanged = make(chan struct{})
+		}
+		qp.peer.segMu.Unlock()
+		if full {
+			return fmt.Errorf("%w: more than %d memory segments announced", ErrProtocol, maxPeerSegments)
+		}
+	}
+}
+
 // awaitRetired waits until the peer segments dropped so far are unmapped.
 func (qp *QueuePair) awaitRetired() {
 	qp.retireMu.Lock()
@@ -624,49 +710,9 @@ func (qp *QueuePair) awaitRetired() {
 // queue pair: the peer closed it or died.
 func (qp *QueuePair) readConn() {
 	defer close(qp.readerDone)
-	reason := ErrPeerGone
-	buf := make([]byte, cmMsgSize+1)
-	for {
-		n, fds, err := sys.RecvFds(qp.conn, buf, 2)
-		if err != nil || n == 0 {
-			sys.CloseAll(fds)
-			break
-		}
-		m, err := parseCMMsg(buf[:n], len(fds), qp.peer.version)
-		if err != nil {
-			sys.CloseAll(fds)
-			reason = err
-			break
-		}
-		if m.typ == cmSegDel {
-			if err := qp.dropPeerSegment(m.idx); err != nil {
-				reason = err
-				break
-			}
-			continue
-		}
-		idx := m.idx
-		seg := deniedSegment
-		if m.typ == cmSegAdd {
-			if seg, err = importSegment(fds[0], kindMemory, memDataOff+1, false); err != nil {
-				reason = fmt.Errorf("%w: memory segment %d: %v", ErrProtocol, idx, err)
-				break
-			}
-		}
-		qp.peer.segMu.Lock()
-		full := len(qp.peer.segs) >= maxPeerSegments
-		if qp.peer.segs == nil || qp.peer.segs[idx] != nil || full {
-			releaseImport(seg) // closing, announced twice, or too many
-		} else {
-			qp.peer.segs[idx] = seg
-			close(qp.peer.segChanged)
-			qp.peer.segChanged = make(chan struct{})
-		}
-		qp.peer.segMu.Unlock()
-		if full {
-			reason = fmt.Errorf("%w: more than %d memory segments announced", ErrProtocol, maxPeerSegments)
-			break
-		}
+	reason := qp.takeReply() // known.go: an early dial's reply
+	if reason == nil {
+		reason = qp.readMessages()
 	}
 	qp.peer.segMu.Lock()
 	if qp.peer.segChanged != nil {

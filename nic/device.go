@@ -157,7 +157,8 @@ type Device struct {
 
 	retired Stats // counters of closed queue pairs; guarded by mu
 
-	parked parkedImports // peers' mappings kept for the next queue pairs; guarded by imports.mu
+	parked parkedImports           // peers' mappings kept for the next queue pairs; guarded by imports.mu
+	known  map[knownKey]*knownPeer // listeners' answers for early dials (known.go); guarded by imports.mu
 }
 
 type memSegment struct {

@@ -222,6 +222,7 @@ func (d *Device) sweepParked() {
 			notes = append(notes, in.n)
 		}
 	}
+	known := d.sweepKnownLocked(now, &next) // known.go
 	if d.parked.timer != nil {
 		d.parked.timer.Stop() // a sweep armed for later than this one
 	}
@@ -236,6 +237,9 @@ func (d *Device) sweepParked() {
 	}
 	for _, n := range notes {
 		n.Close()
+	}
+	for _, kp := range known {
+		kp.release()
 	}
 }
 

@@ -131,14 +131,19 @@ type QueuePair struct {
 	// store per message would sit on a ping-pong's path.
 	rqAny atomic.Bool
 
-	state      atomic.Uint32
-	reason     atomic.Pointer[error]
-	closeOnce  sync.Once
-	retireMu   sync.Mutex
-	retiring   int                 // unmaps of segments the peer freed, under way
-	retired    chan struct{}       // closed when retiring drops to 0
-	announced  map[uint32]struct{} // our memory segments the peer has; under connMu
-	started    atomic.Bool         // the connection reader runs
+	state     atomic.Uint32
+	reason    atomic.Pointer[error]
+	closeOnce sync.Once
+	retireMu  sync.Mutex
+	retiring  int                 // unmaps of segments the peer freed, under way
+	retired   chan struct{}       // closed when retiring drops to 0
+	announced map[uint32]struct{} // our memory segments the peer has; under connMu
+	// An early dial's (known.go): the answer it runs on, whose reply the
+	// connection reader takes first, by awaitBy.
+	awaiting   *knownPeer
+	awaitKey   knownKey
+	awaitBy    time.Time
+	started    atomic.Bool // the connection reader runs
 	readerDone chan struct{}
 
 	sstats Stats // send-side counters; guarded by sqMu

@@ -41,6 +41,14 @@ func (d *Dialer) Dial(network, address string) (net.Conn, error) {
 //     TCP when that fails. Other hosts get plain TCP.
 //
 // The returned connection is a *Conn, or a *net.TCPConn for TCP.
+//
+// A dial to a listener this process dialed before, with the same
+// configuration, does not wait for the listener's answer: it takes it to
+// be the one it gave last time (nic.QPOptions.Early), and the first Write
+// goes out at once, as on a Unix socket whose listener has not accepted
+// yet. If the listener answers otherwise — it refuses this time, or it
+// is another device on the same name — the connection fails at its first
+// use instead of at Dial, with a reset.
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	cfg, err := resolve(d.Config)
 	if err != nil {
@@ -118,8 +126,10 @@ func dialSHM(ctx context.Context, cfg Config, name, netw string, laddr, raddr ne
 		return nil, err
 	}
 	cq := d.nic.NewCQ()
+	// Early: a listener that answered this hello before is taken to
+	// answer the same, and the connection is usable before its reply.
 	qp, err := d.nic.DialConn(uc.(*net.UnixConn), nic.QPOptions{SendCQ: cq, RecvCQ: cq, InPlace: true, Timeout: cfg.HandshakeTimeout,
-		PrivateData: helloMsg(d, &cfg, true, uint32(cfg.Window), bell)})
+		PrivateData: helloMsg(d, &cfg, true, uint32(cfg.Window), bell), Early: true})
 	if err != nil {
 		cq.Close()
 		d.release()

@@ -1,0 +1,172 @@
+package nic
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// earlyListener accepts on a listener of a fresh device with answer as
+// its Answer, and hands each accepted queue pair (or error) to the
+// returned channel.
+func earlyListener(t *testing.T, answer func([]byte) ([]byte, error)) (*Listener, *Device, chan acceptResult) {
+	t.Helper()
+	d := openDevice(t, nil)
+	ln, err := d.Listen(testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	ch := make(chan acceptResult, 16)
+	go func() {
+		for {
+			p, err := ln.AcceptPending()
+			if err != nil {
+				return
+			}
+			qp, err := p.Handshake(QPOptions{SendCQ: d.NewCQ(), RecvCQ: d.NewCQ(), Answer: answer})
+			ch <- acceptResult{qp, err}
+		}
+	}()
+	return ln, d, ch
+}
+
+type acceptResult struct {
+	qp  *QueuePair
+	err error
+}
+
+// TestEarlyDial: a second dial with the same hello to the same listener
+// returns before the reply and sends at once; the reply, when it comes,
+// is checked, and the queue pair carries on, RDMA included.
+func TestEarlyDial(t *testing.T) {
+	ln, ld, accepted := earlyListener(t, func(b []byte) ([]byte, error) { return append([]byte("re: "), b...), nil })
+	target := alloc(t, ld, 4096)
+	copy(target, "device memory of the listener")
+	tmr := register(t, ld, target, AccessRemoteRead)
+	d := openDevice(t, nil)
+	opts := func() QPOptions {
+		return QPOptions{SendCQ: d.NewCQ(), RecvCQ: d.NewCQ(), PrivateData: []byte("hello"), Early: true}
+	}
+	for i := range 3 {
+		qp, err := d.Dial(ln.Addr().String(), opts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if qp.Early() != (i > 0) {
+			t.Fatalf("dial %d: early %v", i, qp.Early())
+		}
+		if got := string(qp.PeerPrivateData()); got != "re: hello" {
+			t.Fatalf("dial %d: private data %q", i, got)
+		}
+		// Sent before the listener's handshake may have run.
+		if err := qp.PostSend(SendWR{ID: 1, Op: OpSend, Local: []byte("early bytes")}); err != nil {
+			t.Fatal(err)
+		}
+		r := <-accepted
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		buf := make([]byte, 64)
+		rmr := register(t, ld, buf, AccessLocalWrite)
+		r.qp.PostRecv(RecvWR{ID: 2, Buf: buf, LKey: rmr.LKey})
+		if c := wait(t, r.qp.recvCQ); c.Status != StatusSuccess || string(buf[:c.Bytes]) != "early bytes" {
+			t.Fatalf("dial %d: the listener received %+v %q", i, c, buf[:c.Bytes])
+		}
+		if c := wait(t, qp.sendCQ); c.Status != StatusSuccess {
+			t.Fatalf("dial %d: send %+v", i, c)
+		}
+		// RDMA Read of the listener's device memory, on the table the
+		// early queue pair took from the answer before.
+		awaitPeerSegments(t, qp, 1)
+		dst := make([]byte, 29)
+		dmr := register(t, d, dst, AccessLocalWrite)
+		if err := qp.PostSend(SendWR{ID: 3, Op: OpRead, Local: dst, LKey: dmr.LKey, Remote: uint64(tmr.Addr), RKey: tmr.RKey}); err != nil {
+			t.Fatal(err)
+		}
+		if c := wait(t, qp.sendCQ); c.Status != StatusSuccess || !bytes.Equal(dst, target[:29]) {
+			t.Fatalf("dial %d: RDMA Read %+v %q", i, c, dst)
+		}
+		if err := qp.Err(); err != nil {
+			t.Fatalf("dial %d: queue pair failed: %v", i, err)
+		}
+		qp.Close()
+		r.qp.Close()
+	}
+	// Without Early, a known listener is dialed the usual way.
+	qp, err := d.Dial(ln.Addr().String(), QPOptions{SendCQ: d.NewCQ(), RecvCQ: d.NewCQ(), PrivateData: []byte("hello")})
+	if err != nil || qp.Early() {
+		t.Fatalf("a dial without Early: %v, early %v", err, qp != nil && qp.Early())
+	}
+	qp.Close()
+	(<-accepted).qp.Close()
+	// Another hello is another answer: not known.
+	o := opts()
+	o.PrivateData = []byte("other")
+	if qp, err = d.Dial(ln.Addr().String(), o); err != nil || qp.Early() {
+		t.Fatalf("a dial with another hello: %v, early %v", err, qp != nil && qp.Early())
+	}
+	qp.Close()
+	(<-accepted).qp.Close()
+}
+
+// TestEarlyDialAnswerChanged: when the listener answers otherwise than
+// before — another reply, or a reject — the early queue pair fails with
+// a reason that says so, and the next dial is not early.
+func TestEarlyDialAnswerChanged(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		second func() ([]byte, error)
+		want   error
+		reason string
+	}{
+		{"other reply", func() ([]byte, error) { return []byte("changed"), nil }, ErrProtocol, "answered otherwise"},
+		{"reject", func() ([]byte, error) { return nil, errors.New("no more room") }, ErrRefused, "no more room"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var calls atomic.Int32
+			ln, _, accepted := earlyListener(t, func([]byte) ([]byte, error) {
+				if calls.Add(1) == 2 {
+					return c.second()
+				}
+				return []byte("first"), nil
+			})
+			d := openDevice(t, nil)
+			opts := QPOptions{SendCQ: d.NewCQ(), RecvCQ: d.NewCQ(), Early: true}
+			qp, err := d.Dial(ln.Addr().String(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			qp.Close()
+			(<-accepted).qp.Close()
+			opts.SendCQ, opts.RecvCQ = d.NewCQ(), d.NewCQ()
+			qp, err = d.Dial(ln.Addr().String(), opts)
+			if err != nil || !qp.Early() {
+				t.Fatalf("second dial: %v, early %v", err, qp != nil && qp.Early())
+			}
+			defer qp.Close()
+			if r := <-accepted; r.err == nil {
+				r.qp.Close()
+			}
+			select {
+			case <-qp.readerDone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the early queue pair still runs 10 s after a changed answer")
+			}
+			if err := qp.Err(); !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.reason) {
+				t.Fatalf("queue pair error %v, want %v about %q", err, c.want, c.reason)
+			}
+			opts.SendCQ, opts.RecvCQ = d.NewCQ(), d.NewCQ()
+			qp3, err := d.Dial(ln.Addr().String(), opts)
+			if err == nil {
+				if qp3.Early() {
+					t.Error("the dial after a changed answer is early")
+				}
+				qp3.Close()
+			}
+		})
+	}
+}
