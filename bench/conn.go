@@ -104,7 +104,13 @@ func init() {
 		// sleeper, as the rings do: what the sleeping path itself adds.
 		target{name: "sockets/block 8B p50 / futexcond/unpinned p50 (interleaved)",
 			num: recordKey{"conn", "pingpong", blockRefTransport, blockRefSize, metricLatP50},
-			den: recordKey{"conn", "pingpong", "futexcond/unpinned", blockRefSize, metricLatP50}, limit: 1.1, atMost: true})
+			den: recordKey{"conn", "pingpong", "futexcond/unpinned", blockRefSize, metricLatP50}, limit: 1.1, atMost: true},
+		// And against two processes that wake each other through a pipe
+		// read in the Go netpoller: what a goroutine that parks (and
+		// holds no thread) costs at best.
+		target{name: "sockets/block 8B p50 / pipe 8B p50 (netpoller)",
+			num: recordKey{"conn", "pingpong", blockRefTransport, blockRefSize, metricLatP50},
+			den: recordKey{"conn", "pingpong", "pipe", blockRefSize, metricLatP50}, limit: 1.1, atMost: true})
 	// sockets/busy+shared: the same targets for writes from buffers of
 	// sockets.AllocBuffer, which the peer reads in place.
 	for _, mode := range []string{"sockets/busy", "sockets/block", "sockets/busy+shared"} {

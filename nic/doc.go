@@ -3,7 +3,8 @@
 // remote keys), completion queues and queue pairs; a queue pair connects to
 // a peer process through a connection manager on a Unix socket. It plays
 // the SAN adapter and service provider of Windows Sockets Direct
-// (docs/origins.md); docs/nic.md specifies its shared layouts and rules.
+// (docs/origins.md); docs/nic.md specifies its shared layouts and rules,
+// docs/locking.md the order of its locks among the others'.
 //
 // # Data movement
 //

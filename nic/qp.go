@@ -729,21 +729,7 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		} else {
 			c = new(Completion)
 		}
-		*c = Completion{ID: r.ID, Op: OpRecv, QP: qp, Bytes: len(rec.Data)}
-		if len(rec.Data) > len(r.Buf) {
-			c.Status, c.Bytes = StatusLocalLength, 0
-			c.Reason = fmt.Errorf("message of %d bytes, buffer of %d", len(rec.Data), len(r.Buf))
-		} else if r.mr != nil && qp.dev.regs[r.mr.idx].Load() != r.mr {
-			// Deregistered since it was posted: the memory may be unmapped,
-			// and its addresses mapped again by something else, where a
-			// copy would not fault.
-			c.Status, c.Bytes = StatusLocalAccess, 0
-			c.Reason = fmt.Errorf("receive buffer's region was deregistered")
-		} else if qp.dev.owns(r.mr) {
-			copy(r.Buf, rec.Data) // device memory to ring: neither can vanish
-		} else if err := safeCopy(r.Buf, rec.Data); err != nil {
-			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
-		}
+		qp.deliver(c, r, rec.Data)
 		traceRecvDone(qp, r.ID, c.Bytes, c.Status)
 		*r = postedRecv{}
 		qp.rstats.Recvs++
@@ -773,6 +759,29 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 		qp.flush()
 	}
 	return direct
+}
+
+// deliver completes the posted receive r with the incoming send data into
+// c: it copies data into r's buffer unless the buffer is too small or its
+// region was deregistered since the post (the memory may be unmapped, and
+// its addresses mapped again by something else, where a copy would not
+// fault). The caller holds rqMu.
+func (qp *QueuePair) deliver(c *Completion, r *postedRecv, data []byte) {
+	*c = Completion{ID: r.ID, Op: OpRecv, QP: qp, Bytes: len(data)}
+	switch {
+	case len(data) > len(r.Buf):
+		c.Status, c.Bytes = StatusLocalLength, 0
+		c.Reason = fmt.Errorf("message of %d bytes, buffer of %d", len(data), len(r.Buf))
+	case r.mr != nil && qp.dev.regs[r.mr.idx].Load() != r.mr:
+		c.Status, c.Bytes = StatusLocalAccess, 0
+		c.Reason = fmt.Errorf("receive buffer's region was deregistered")
+	case qp.dev.owns(r.mr):
+		copy(r.Buf, data) // device memory to ring: neither can vanish
+	default:
+		if err := safeCopy(r.Buf, data); err != nil {
+			c.Status, c.Bytes, c.Reason = StatusLocalAccess, 0, err
+		}
+	}
 }
 
 // lazyRelease bounds the ring space a poller's receives may hold after it

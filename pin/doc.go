@@ -1,7 +1,7 @@
 // Package pin registers memory for the NIC and caches the registrations: the
 // registration cache of a Windows Sockets Direct provider, rebuilt on mlock
 // and address-space monitors (docs/origins.md says what that cache is and
-// how it maps onto this package).
+// how it maps onto this package; docs/locking.md where its lock stands).
 //
 // # Registration
 //

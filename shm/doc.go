@@ -3,7 +3,8 @@
 // variable-length records inside them, doorbell words through which a
 // waiting side announces that it sleeps, and wake hubs that let it sleep
 // in the Go scheduler until a peer wakes it. It plays the SAN of Windows
-// Sockets Direct (docs/origins.md); docs/layout.md specifies its layouts.
+// Sockets Direct (docs/origins.md); docs/layout.md specifies its layouts,
+// and docs/locking.md the one lock it has (a hub's), a leaf of the order.
 //
 // # Segments
 //

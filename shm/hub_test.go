@@ -67,7 +67,7 @@ func TestHubParksWithoutThreads(t *testing.T) {
 			}
 			deadline := time.Now().Add(time.Minute)
 			for !flags[i].Load() {
-				if _, err := w.Park(ready, deadline); err != nil {
+				if _, err := w.Park(readyFunc(ready), deadline); err != nil {
 					errs <- err
 					return
 				}
@@ -122,16 +122,16 @@ func TestNotifyHostileSlots(t *testing.T) {
 	// A wake-up before the waiter parks is stale: its mark may end the
 	// next park early (callers look again), but not the one after.
 	note.Notify(w2.Slot())
-	if _, err := w2.Park(nil, time.Now().Add(10*time.Millisecond)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+	if _, err := w2.Park(never, time.Now().Add(10*time.Millisecond)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("a park after a stale wake-up: %v", err)
 	}
-	if _, err := w2.Park(nil, time.Now().Add(10*time.Millisecond)); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if _, err := w2.Park(never, time.Now().Add(10*time.Millisecond)); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("a second park after a stale wake-up: %v", err)
 	}
 	done := make(chan error, 1)
 	announced := make(chan struct{})
 	go func() {
-		_, err := w2.Park(func() bool { close(announced); return false }, time.Now().Add(20*time.Second))
+		_, err := w2.Park(readyFunc(func() bool { close(announced); return false }), time.Now().Add(20*time.Second))
 		done <- err
 	}()
 	<-announced
@@ -162,3 +162,11 @@ func TestOpenNotifierRefuses(t *testing.T) {
 		t.Fatalf("a rings segment as a wake table: %v", err)
 	}
 }
+
+// readyFunc is a Waitable of a condition alone (no doorbells).
+type readyFunc func() bool
+
+func (f readyFunc) Ready() bool { return f() }
+func (readyFunc) Arm(uint32)    {}
+
+var never = readyFunc(func() bool { return false })

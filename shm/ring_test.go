@@ -1,10 +1,10 @@
 package shm
 
 import (
-	"fmt"
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
@@ -477,5 +477,36 @@ func TestParseWaitMode(t *testing.T) {
 	}
 	if err := (WaitConfig{Spin: -1}).Validate(); err == nil {
 		t.Error("negative spin validated")
+	}
+}
+
+// TestAdaptiveSpinsWhileItPays: an adaptive wait spins while its waits
+// are shorter than the spin on average; once they are long it parks at
+// once but for one probe in probeEvery, and short waits bring the spin
+// back.
+func TestAdaptiveSpinsWhileItPays(t *testing.T) {
+	s := NewWaitStrategy(WaitConfig{Mode: WaitAdaptive, Spin: 20 * time.Microsecond})
+	if !s.spins() {
+		t.Fatal("a fresh strategy does not spin")
+	}
+	for range 40 {
+		s.learn(time.Millisecond) // waits much longer than the spin
+	}
+	spun := 0
+	for range 2 * probeEvery {
+		if s.spins() {
+			spun++
+		}
+	}
+	if spun != 2 {
+		t.Fatalf("after long waits, %d spins in %d waits, want the 2 probes", spun, 2*probeEvery)
+	}
+	for range 40 {
+		s.learn(time.Microsecond)
+	}
+	for i := range 2 {
+		if !s.spins() {
+			t.Fatalf("wait %d after short waits did not spin", i)
+		}
 	}
 }

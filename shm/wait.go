@@ -56,7 +56,7 @@ type WaitConfig struct {
 }
 
 // DefaultSpin is the default spin phase of WaitAdaptive.
-const DefaultSpin = 50 * time.Microsecond
+const DefaultSpin = 20 * time.Microsecond
 
 // DefaultWaitConfig returns adaptive waiting with DefaultSpin.
 func DefaultWaitConfig() WaitConfig { return WaitConfig{Mode: WaitAdaptive, Spin: DefaultSpin} }
@@ -93,11 +93,11 @@ type WaitStats struct {
 
 // SpinCheckEvery is how many looks a spinning wait takes between looks at
 // the clock, the deadline and the failure state.
-const SpinCheckEvery = 64
+const SpinCheckEvery = 16
 
 // yieldEvery is how many clock looks a spin takes between yields
 // (runtime.Gosched): a few hundred microseconds.
-const yieldEvery = 256
+const yieldEvery = 1024
 
 // A Waitable is what a wait waits for.
 type Waitable interface {
@@ -121,17 +121,27 @@ const (
 // WaitStrategy is the one way everything in sandirect waits for a peer:
 // rings, completion queues and connections (as Aeron's IdleStrategy is one
 // thing). It looks; spins, as the mode says, yielding the processor to
-// other goroutines as it does; then announces on the doorbells and parks
-// on a Waiter — in the Go scheduler, never in a blocking system call. In
-// WaitAdaptive it spins only while spinning pays: a wait that would not
-// have ended within the spin time makes the next ones park at once, and a
-// short one brings the spin back (a spin that cannot catch its peer only
-// takes a CPU from the goroutines and processes that do the work). Its
-// state is its caller's: not safe for concurrent use.
+// other goroutines now and then; then announces on the doorbells and
+// parks on a Waiter — in the Go scheduler, never in a blocking system
+// call. In WaitAdaptive it spins only while spinning pays: while the waits
+// last longer than the spin on average, they park at once (a spin that
+// cannot catch its peer only takes a CPU from the goroutines and
+// processes that do the work), and a spin now and then tells when they
+// got short again. Its state is its caller's: not safe for concurrent use.
 type WaitStrategy struct {
-	cfg   WaitConfig
-	score int8 // adaptive: >= 0 spins; waits shorter than Spin raise it
+	cfg WaitConfig
+	// adaptive: the waits' running mean length (a moving average of the
+	// time from the first look to the end), and the waits since the last
+	// spin. A wait spins when the mean is under Spin, and one in
+	// probeEvery does anyway: while waits park, their measured length
+	// includes the wake-up, and only a spin can tell that they got short.
+	mean  time.Duration
+	since uint8
 }
+
+// probeEvery is how often, in waits, an adaptive wait whose recent waits
+// were long spins all the same.
+const probeEvery = 16
 
 // NewWaitStrategy returns the strategy for cfg (zero: the default).
 func NewWaitStrategy(cfg WaitConfig) WaitStrategy {
@@ -165,10 +175,10 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 		return WaitedSpun, spin(x, deadline, time.Time{})
 	case WaitAdaptive:
 		start = time.Now()
-		if s.score >= 0 {
+		if s.spins() {
 			err := spin(x, deadline, start.Add(s.cfg.Spin))
 			if err == nil {
-				s.score = min(s.score+1, 4)
+				s.learn(time.Since(start))
 				return WaitedSpun, nil
 			}
 			if err != errSpinOver {
@@ -178,16 +188,23 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 	}
 	err := park(x, w, deadline)
 	if s.cfg.Mode == WaitAdaptive && err == nil {
-		// Would a spin have caught it? The park's own wake-up time is
-		// part of the measure: a reply that came at once still counts.
-		if time.Since(start) < s.cfg.Spin {
-			s.score = min(s.score+1, 4)
-		} else {
-			s.score = max(s.score-1, -4)
-		}
+		s.learn(time.Since(start))
 	}
 	return WaitedSlept, err
 }
+
+// spins tells whether an adaptive wait spins: its recent waits were short
+// on average, or it is the probe.
+func (s *WaitStrategy) spins() bool {
+	if s.since++; s.mean < s.cfg.Spin || s.since >= probeEvery {
+		s.since = 0
+		return true
+	}
+	return false
+}
+
+// learn adds a wait of d to the running mean (weight 1/8).
+func (s *WaitStrategy) learn(d time.Duration) { s.mean += (d - s.mean) / 8 }
 
 // errSpinOver ends a spin whose time is up.
 var errSpinOver = errors.New("spin over")
@@ -237,7 +254,7 @@ func park(x Waitable, w *Waiter, deadline time.Time) error {
 		// Announce, then re-check (in Park): a waker makes its change,
 		// then takes the doorbell, so one of us sees the other.
 		x.Arm(w.Bell())
-		ok, err := w.Park(x.Ready, deadline)
+		ok, err := w.Park(x, deadline)
 		x.Arm(0)
 		if ok || x.Ready() {
 			return nil

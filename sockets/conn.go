@@ -13,6 +13,7 @@ import (
 	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/shm"
 )
 
 // Conn is a connection over shared memory: a nic queue pair driven by the
@@ -40,6 +41,10 @@ type Conn struct {
 	tornDown chan struct{} // closed when teardown has released everything
 	tearOnce sync.Once
 
+	// lendMu serializes WriteTo calls: one lends received data at a time
+	// (copy.go). Lock order: lendMu, then rmu.
+	lendMu sync.Mutex
+
 	// Bytes the Read (Write) in progress has delivered (accepted) so far,
 	// for the error of a fault in its buffer (fault.go); guarded by rmu
 	// (wmu).
@@ -62,7 +67,7 @@ type session struct {
 	// not read holds its space (rxEntry.held), and so do the messages
 	// after it.
 	inPos, relPos uint64
-	reserved      bool // sendLocked holds a reservation in the ring to the peer
+	reserved      bool          // sendLocked holds a reservation in the ring to the peer
 	taken         uint64        // messages taken from the ring
 	heldN         int           // rx entries that hold ring space
 	interesting   bool          // a dispatch round saw more than send completions
@@ -78,6 +83,8 @@ type session struct {
 	bellMR    *nic.MemoryRegion
 	replyDue  atomic.Bool // a message went out since the poller last slept
 	replyLook bool        // block mode with a ReplyWait: replyDue is kept
+	replySpin shm.WaitStrategy
+	reply     replyLook // awaitReply's wait, the poller's
 
 	// What the peer announced in its hello.
 	helloDone   bool
@@ -107,13 +114,21 @@ type session struct {
 	ctlq          []ctlMsg
 
 	// Receive side.
-	rx      []rxEntry // received data, in stream order, from rxHead
-	rxHead  int
-	peerFin bool
-	nextRx  uint32 // id of the peer's next rts
-	rd      recvOp // the rendezvous receive operation in progress
-	stage   []byte // staging buffer (temporary memory), nil when none
-	staged  []byte // unread bytes in stage
+	// WriteTo lends a received message's bytes, where they lie in the
+	// ring, to its destination's Write with no lock held (copy.go): the
+	// ring is not given back from lendStart on, and acks go no further
+	// than lendAck, until the lend ends; teardown waits for it (lendWait).
+	lending   bool
+	lendStart uint64
+	lendAck   uint32
+	lendWait  chan struct{}
+	rx        []rxEntry // received data, in stream order, from rxHead
+	rxHead    int
+	peerFin   bool
+	nextRx    uint32 // id of the peer's next rts
+	rd        recvOp // the rendezvous receive operation in progress
+	stage     []byte // staging buffer (temporary memory), nil when none
+	staged    []byte // unread bytes in stage
 
 	// Send side.
 	nextTx        uint32
@@ -133,7 +148,7 @@ type session struct {
 	eagerUntil       time.Time // large writes go as small messages until then (lowmem.go)
 	bigWrite         bool      // this write is too large to pin in place (lowmem.go)
 	hugeSrc, hugeDst span
-	lastRead         span // the last direct Read's buffer (splitsLocked)
+	lastRead         span // the last direct Read's buffer (acceptSplitLocked)
 
 	// Terminal state.
 	err       error // the connection failed: abort (ours) or reset (the peer's)

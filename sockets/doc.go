@@ -2,7 +2,8 @@
 // the emulated NIC (package nic) for peers on this host, and plain TCP for
 // peers elsewhere, behind one API, so one program runs on one host or
 // many. It is the switch of Windows Sockets Direct with its session
-// protocol (docs/origins.md), which docs/protocol.md specifies.
+// protocol (docs/origins.md), which docs/protocol.md specifies;
+// docs/locking.md gives the order of its locks among the nic's and pin's.
 //
 // # Networks
 //
@@ -47,7 +48,13 @@
 // themselves, one at a time, and wait as Config.Wait says (busy polling,
 // parking, or spin while it pays then park): a waiting goroutine parks in
 // the Go scheduler and holds no OS thread (shm's wake hubs), so thousands
-// of idle connections with a Read waiting cost a few threads in all. In
+// of idle connections with a Read waiting cost a few threads in all. The
+// default, adaptive, spins only while a connection's waits are shorter
+// than the spin (20 µs) on average, and parks otherwise: it suits programs
+// that share their CPUs (gRPC, net/http). Block mode never spins and costs
+// no CPU while waiting, a wake-up per wait. Busy polling takes a CPU per
+// waiting goroutine for the lowest latency: for dedicated cores only, as
+// on a machine without spare CPUs it starves the peer it waits for. In
 // block mode a wait that follows a
 // send of ours first looks for the answer for Config.ReplyWait (1 µs),
 // about what a wake-up system call would cost: a quick answer then costs

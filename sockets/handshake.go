@@ -137,6 +137,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	c.offerRead = !cfg.NoRDMARead && d.nic.Attr().RDMARead
 	c.maxInline = d.nic.Attr().MaxInline
 	c.replyLook = cfg.Wait.Mode == shm.WaitBlock && cfg.ReplyWait > 0
+	c.replySpin = shm.NewWaitStrategy(shm.WaitConfig{Mode: shm.WaitBusyPoll})
 	c.bellMR = bell
 	c.mu.Lock()
 	c.takeHelloLocked(peerHello)

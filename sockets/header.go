@@ -84,6 +84,11 @@ const (
 	// cts: that tail's sink (offset > 0, reaching the end of the
 	// transfer). On a done from the sender: the tail is written.
 	flagSplit = 1 << 2
+	// flagChunk (version 4) on a done from the sender of a write
+	// rendezvous: this chunk of the receiver's sink is written. Without
+	// it, a done from a side that both receives our read rendezvous and
+	// serves our sinks could mean either.
+	flagChunk = 1 << 3
 )
 
 // hello payload:
@@ -112,7 +117,7 @@ const (
 // Protocol versions this implementation speaks.
 const (
 	protoMinVersion = 1
-	protoMaxVersion = 3 // 2: done may carry flagStaged; 3: split transfers (flagSplit)
+	protoMaxVersion = 4 // 2: done may carry flagStaged; 3: split transfers (flagSplit); 4: flagChunk
 )
 
 // header is a control message's fixed-size header. Its accessors read
@@ -143,11 +148,57 @@ func (h *header) String() string {
 		h.Type(), h.Flags(), h.Ack(), h.Len(), h.ID(), h.Size(), h.Offset(), h.Addr(), h.RKey())
 }
 
+// Fields of the header a message type may leave non-zero (msgRule.used).
+const (
+	fFlags uint8 = 1 << iota
+	fID
+	fSize
+	fOffset
+	fAddr
+	fRKey
+	fAll = fFlags | fID | fSize | fOffset | fAddr | fRKey
+)
+
+// payloadRule says what payload a message type carries.
+type payloadRule uint8
+
+const (
+	payloadNone     payloadRule = iota // none
+	payloadHello                       // exactly helloSize bytes
+	payloadNonEmpty                    // at least one byte (data)
+	payloadAny                         // any, as long as a buffer holds (rts: its inline part)
+	payloadReason                      // at most maxReason bytes (abort)
+)
+
+// msgRule is what parseMessage checks of one message type: the fields it
+// may use (the others must be zero), the flags it may carry, its payload,
+// and the checks of its own that the fields need (nil: none).
+type msgRule struct {
+	used    uint8
+	flags   uint8
+	payload payloadRule
+	check   func(h header) error // by value: a pointer through a func value escapes, and a message would allocate
+}
+
+// msgRules has a rule for every message type; a type without one is
+// unknown.
+var msgRules = [...]msgRule{
+	msgHello:  {used: fAddr | fRKey, payload: payloadHello},
+	msgData:   {payload: payloadNonEmpty},
+	msgRTS:    {used: fFlags | fID | fSize | fAddr | fRKey, flags: flagRead | flagSplit, payload: payloadAny, check: checkRTS},
+	msgCTS:    {used: fAll, flags: flagSplit, check: checkCTS},
+	msgDone:   {used: fFlags | fID | fSize | fOffset, flags: flagStaged | flagSplit | flagChunk, check: checkDone},
+	msgCancel: {used: fID | fOffset},
+	msgCredit: {},
+	msgFin:    {},
+	msgAbort:  {payload: payloadReason},
+}
+
 // parseMessage decodes and checks one control message as received from the
-// peer: the header must be well formed for its type, and the payload as
-// long as the header says. It never trusts a field it has not checked;
-// the checks that need connection state (credits, ids, offsets) are the
-// caller's.
+// peer: the header must be well formed for its type (msgRules), and the
+// payload as long as the header says. It never trusts a field it has not
+// checked; the checks that need connection state (credits, ids, offsets)
+// are the caller's.
 func parseMessage(b []byte) (h header, payload []byte, err error) {
 	if len(b) < headerSize {
 		return h, nil, fmt.Errorf("message of %d bytes, shorter than a header", len(b))
@@ -157,83 +208,105 @@ func parseMessage(b []byte) (h header, payload []byte, err error) {
 	if uint64(n) != uint64(len(b)-headerSize) {
 		return h, nil, fmt.Errorf("header says %d payload bytes, message has %d", n, len(b)-headerSize)
 	}
-	payload = b[headerSize:]
 	if r := binary.LittleEndian.Uint16(h[offReserved:]); r != 0 {
 		return h, nil, fmt.Errorf("reserved header field %#x", r)
 	}
 	t := h.Type()
-	zero := func(names string, vals ...uint64) error {
-		for _, v := range vals {
-			if v != 0 {
-				return fmt.Errorf("%v with non-zero %s", t, names)
-			}
-		}
-		return nil
-	}
-	switch t {
-	case msgHello:
-		if n != helloSize || h.Flags() != 0 {
-			return h, nil, fmt.Errorf("hello of %d bytes, flags %#x", n, h.Flags())
-		}
-		err = zero("id/size/offset", uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()))
-	case msgData:
-		if n == 0 {
-			return h, nil, fmt.Errorf("empty data message")
-		}
-		err = zero("flags/id/size/offset/addr/rkey", uint64(h.Flags()), uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()), h.Addr(), h.RKey())
-	case msgRTS:
-		switch {
-		case h.Flags()&^(flagRead|flagSplit) != 0, h.Flags() == flagSplit:
-			return h, nil, fmt.Errorf("rts flags %#x", h.Flags())
-		case h.Size() == 0:
-			return h, nil, fmt.Errorf("rts of zero bytes")
-		case h.Flags()&flagRead != 0 && h.RKey() == 0:
-			return h, nil, fmt.Errorf("read rts without a key")
-		case h.Flags()&flagRead != 0 && h.Addr()+uint64(h.Size()) < h.Addr():
-			return h, nil, fmt.Errorf("read rts descriptor wraps the address space")
-		}
-		if h.Flags()&flagRead == 0 {
-			err = zero("addr/rkey", h.Addr(), h.RKey())
-		}
-		if err == nil {
-			err = zero("offset", uint64(h.Offset()))
-		}
-	case msgCTS:
-		switch {
-		case n != 0 || h.Flags()&^flagSplit != 0:
-			return h, nil, fmt.Errorf("cts with payload or flags %#x", h.Flags())
-		case h.Size() == 0 || h.RKey() == 0:
-			return h, nil, fmt.Errorf("cts without size or key")
-		case h.Addr()+uint64(h.Size()) < h.Addr():
-			return h, nil, fmt.Errorf("cts descriptor wraps the address space")
-		}
-	case msgDone:
-		if n != 0 || h.Flags()&^(flagStaged|flagSplit) != 0 || h.Flags() == flagStaged|flagSplit || h.Size() == 0 {
-			return h, nil, fmt.Errorf("done with payload, flags %#x or no size", h.Flags())
-		}
-		err = zero("addr/rkey", h.Addr(), h.RKey())
-	case msgCancel:
-		if n != 0 || h.Flags() != 0 {
-			return h, nil, fmt.Errorf("cancel with payload or flags")
-		}
-		err = zero("size/addr/rkey", uint64(h.Size()), h.Addr(), h.RKey())
-	case msgCredit, msgFin:
-		if n != 0 {
-			return h, nil, fmt.Errorf("%v with payload", t)
-		}
-		err = zero("flags/id/size/offset/addr/rkey", uint64(h.Flags()), uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()), h.Addr(), h.RKey())
-	case msgAbort:
-		if n > maxReason {
-			return h, nil, fmt.Errorf("abort reason of %d bytes", n)
-		}
-		err = zero("flags/id/size/offset/addr/rkey", uint64(h.Flags()), uint64(h.ID()), uint64(h.Size()), uint64(h.Offset()), h.Addr(), h.RKey())
-	default:
+	if int(t) >= len(msgRules) || t == 0 {
 		return h, nil, fmt.Errorf("unknown message type %d", uint8(t))
 	}
-	if err != nil {
+	r := &msgRules[t]
+	if err := r.checkPayload(t, n); err != nil {
 		return h, nil, err
 	}
-	return h, payload, nil
+	if f := h.Flags(); f&^r.flags != 0 {
+		return h, nil, fmt.Errorf("%v with flags %#x", t, f)
+	}
+	if err := checkZero(t, h, r.used); err != nil {
+		return h, nil, err
+	}
+	if r.check != nil {
+		if err := r.check(h); err != nil {
+			return h, nil, err
+		}
+	}
+	return h, b[headerSize:], nil
+}
+
+func (r *msgRule) checkPayload(t msgType, n uint32) error {
+	switch r.payload {
+	case payloadNone:
+		if n != 0 {
+			return fmt.Errorf("%v with a payload of %d bytes", t, n)
+		}
+	case payloadHello:
+		if n != helloSize {
+			return fmt.Errorf("hello of %d bytes", n)
+		}
+	case payloadNonEmpty:
+		if n == 0 {
+			return fmt.Errorf("empty %v message", t)
+		}
+	case payloadReason:
+		if n > maxReason {
+			return fmt.Errorf("abort reason of %d bytes", n)
+		}
+	}
+	return nil
+}
+
+// checkZero checks that the fields a message type does not use are zero.
+func checkZero(t msgType, h header, used uint8) error {
+	for _, f := range [...]struct {
+		bit  uint8
+		name string
+		v    uint64
+	}{
+		{fID, "id", uint64(h.ID())}, {fSize, "size", uint64(h.Size())}, {fOffset, "offset", uint64(h.Offset())},
+		{fAddr, "addr", h.Addr()}, {fRKey, "rkey", h.RKey()},
+	} {
+		if used&f.bit == 0 && f.v != 0 {
+			return fmt.Errorf("%v with non-zero %s", t, f.name)
+		}
+	}
+	return nil
+}
+
+func checkRTS(h header) error {
+	read := h.Flags()&flagRead != 0
+	switch {
+	case h.Flags() == flagSplit:
+		return fmt.Errorf("rts flags %#x: a split transfer is a read rendezvous", h.Flags())
+	case h.Size() == 0:
+		return fmt.Errorf("rts of zero bytes")
+	case read && h.RKey() == 0:
+		return fmt.Errorf("read rts without a key")
+	case read && h.Addr()+uint64(h.Size()) < h.Addr():
+		return fmt.Errorf("read rts descriptor wraps the address space")
+	case !read && (h.Addr() != 0 || h.RKey() != 0):
+		return fmt.Errorf("write rts with non-zero addr/rkey")
+	}
+	return nil
+}
+
+func checkCTS(h header) error {
+	switch {
+	case h.Size() == 0 || h.RKey() == 0:
+		return fmt.Errorf("cts without size or key")
+	case h.Addr()+uint64(h.Size()) < h.Addr():
+		return fmt.Errorf("cts descriptor wraps the address space")
+	}
+	return nil
+}
+
+func checkDone(h header) error {
+	switch {
+	case h.Flags()&(h.Flags()-1) != 0:
+		return fmt.Errorf("done flags %#x: at most one of staged, split, chunk", h.Flags())
+	case h.Size() == 0:
+		return fmt.Errorf("done of zero bytes")
+	}
+	return nil
 }
 
 // hello is the decoded payload of a hello message.

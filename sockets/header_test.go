@@ -67,6 +67,8 @@ func validMessages() [][]byte {
 			h.SetRKey(9)
 		}, nil),
 		msg(msgDone, func(h *header) { h.SetFlags(flagSplit); h.SetOffset(4096); h.SetSize(4096) }, nil),
+		// Version 4: a written chunk of a write rendezvous.
+		msg(msgDone, func(h *header) { h.SetFlags(flagChunk); h.SetOffset(4096); h.SetSize(4096) }, nil),
 	}
 }
 
@@ -98,6 +100,8 @@ func TestParseMessage(t *testing.T) {
 	bad("rts unknown flag", v[10], func(b []byte) []byte { b[offFlags] |= 0x80; return b })
 	bad("cts split and read", v[11], func(b []byte) []byte { b[offFlags] |= flagRead; return b })
 	bad("done staged and split", v[12], func(b []byte) []byte { b[offFlags] |= flagStaged; return b })
+	bad("done chunk and split", v[13], func(b []byte) []byte { b[offFlags] |= flagSplit; return b })
+	bad("done chunk and staged", v[13], func(b []byte) []byte { b[offFlags] |= flagStaged; return b })
 	staged := bytes.Clone(v[5])
 	staged[offFlags] = flagStaged
 	if _, _, err := parseMessage(staged); err != nil {
@@ -129,25 +133,25 @@ func TestHelloAndVersions(t *testing.T) {
 			t.Errorf("negotiate(%v, %v) = %d, %v", tc.a, tc.b, v, ok)
 		}
 	}
-	// End to end: a dialer that speaks only version 4 is refused.
+	// End to end: a dialer that speaks only version 5 is refused.
 	ln, err := Listen("sandirect", testAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cfg := Config{versions: [2]uint16{4, 4}}
+	cfg := Config{versions: [2]uint16{5, 5}}
 	d := Dialer{Config: &cfg}
 	if c, err := d.Dial("sandirect", ln.Addr().String()); !errors.Is(err, ErrVersion) {
 		if c != nil {
 			c.Close()
 		}
-		t.Fatalf("dial with version 4: %v, want ErrVersion", err)
+		t.Fatalf("dial with version 5: %v, want ErrVersion", err)
 	}
-	// One that speaks only 1 gets 1; 1 to 2, 2; 1 to 4, 3.
+	// One that speaks only 1 gets 1; 1 to 2, 2; 1 to 3, 3; 1 to 5, 4.
 	for _, tc := range []struct {
 		versions [2]uint16
 		want     uint16
-	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 2}, 2}, {[2]uint16{1, 4}, 3}} {
+	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 2}, 2}, {[2]uint16{1, 3}, 3}, {[2]uint16{1, 5}, 4}} {
 		cfg.versions = tc.versions
 		go func() {
 			if c, err := ln.Accept(); err == nil {

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/nic"
 )
@@ -76,16 +77,19 @@ func (d *device) checkStaging() error {
 	if cache == nil {
 		return nil // nothing is pinned
 	}
-	t, err := d.getTemp(sys.PageSize)
+	// A page of its own, pinned and let go at once: the probe leaves
+	// nothing locked or cached behind it.
+	page, err := sys.MapAnon(sys.PageSize)
 	if err != nil {
-		return err
+		return fmt.Errorf("sockets: staging probe: %w", err)
 	}
-	defer d.putTemp(t)
-	h, err := cache.Register(t[:sys.PageSize], 0)
+	defer sys.Munmap(page)
+	h, err := cache.Register(page, 0)
 	if err != nil {
 		return enobufs(fmt.Sprintf("no page of locked memory left to receive into after the doorbell (%d bytes; see RLIMIT_MEMLOCK)", d.ctlHeld()), err)
 	}
 	cache.Deregister(h)
+	cache.InvalidateIdle(mem.Addr(page), uintptr(len(page)))
 	return nil
 }
 

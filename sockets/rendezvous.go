@@ -67,75 +67,30 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 	return m, nil
 }
 
-// chooseCopyLocked decides how the source of a rendezvous is provided:
-// copied into temporary memory (the write returns once the copy is made
-// and the rts sent) or registered in place (no copy; the write waits until
-// the peer has taken the data).
-func (c *Conn) chooseCopyLocked(body []byte, split bool) bool {
-	n := len(body)
-	if c.bigWrite {
+// chooseSourceLocked decides how the source of a rendezvous is provided
+// (chooseSource, policy.go): copied into temporary memory (true) or
+// registered in place, and counts what decided it.
+func (c *Conn) chooseSourceLocked(body []byte, split bool) bool {
+	f := sourceFacts{
+		n: len(body), mode: c.cfg.ZeroCopy, copyThreshold: c.cfg.CopyThreshold,
+		zeroCopyMax: c.cfg.ZeroCopyMax, maxCopyInFlight: c.cfg.MaxCopyInFlight,
+		copyInFlight: c.copyInFlight, bigWrite: c.bigWrite, peerRead: c.peerRead,
+		deadline: c.wdl.isSet.Load(), shared: c.sharedSource(body), split: split,
+		peerStages: c.peerStages, reused: c.reused,
+		cached: func() bool { return c.dev.nic.Cached(body) },
+	}
+	copied, why := chooseSource(&f)
+	switch why {
+	case whyBigWrite:
 		c.stats.count(cFallbacks, 1) // lowmem.go
-		return true
-	}
-	switch c.cfg.ZeroCopy {
-	case ZeroCopyAlways:
-		return false
-	case ZeroCopyNever:
-		return true
-	}
-	switch {
-	case !c.peerRead:
-		// Write rendezvous: the write waits for the peer's sink anyway,
-		// and a deadline cancels it cleanly; a copy would gain nothing.
-		return false
-	case c.wdl.isSet.Load():
-		// A deadline can end a write whose data is copied; a zero-copy
-		// write that the peer has not taken would have to abort.
-		return true
-	case n < c.cfg.CopyThreshold:
-		// Small: a round trip per write costs more than the copy, and
-		// the write returns at once.
-		return true
-	case c.sharedSource(body):
-		// A buffer from AllocBuffer: the peer maps it and reads it in
-		// place, one copy in all, at any size — faster than any copy
-		// into temporary memory, which the peer would copy out again.
+	case whyShared:
 		c.stats.count(cZeroShared, 1)
-		return false
-	case split:
-		// A split transfer (splitOfferLocked): the peer reads half of our
-		// buffer while we write the other half into its, each side one
-		// copy of half the bytes — faster than any copy into temporary
-		// memory, which the peer would copy out again.
-		return false
-	case c.cfg.ZeroCopyMax == 0 || n > c.cfg.ZeroCopyMax:
-		// Copies in CopyChunk pieces pipeline: we copy a piece while the
-		// peer takes the one before, each piece in cache for the next
-		// copy, faster than the peer's cross-memory read of our buffer
-		// (docs/performance.md, "Copy or zero copy").
-		return true
-	case c.copyInFlight > 0 && c.copyInFlight+n > c.cfg.MaxCopyInFlight:
-		// The peer is behind: a copy would not let the write return
-		// early, it would wait for the peer all the same.
-		return false
-	case c.peerStages:
-		// The peer reads in pieces smaller than its DirectRead: our
-		// buffer would reach the application through its staging buffer
-		// anyway, not in one copy, and a copy lets the write return
-		// early.
+	case whyPeerStages:
 		c.stats.count(cCopyPeerStages, 1)
-		return true
-	case !c.reused && !c.dev.nic.Cached(body):
-		// A buffer new to the registration cache, and not the previous
-		// write's: pinning it would cost more than copying it (mlock
-		// faults and locks every page; docs/performance.md) and the
-		// application may never write from it again. A buffer written from twice is pinned and stays cached.
+	case whyNewBuffer:
 		c.stats.count(cCopyNewBuffer, 1)
-		return true
 	}
-	// In the zero-copy band: the peer pulls straight from our buffer,
-	// one copy in all.
-	return false
+	return copied
 }
 
 // prepareSourceLocked registers the source of a rendezvous: body copied
@@ -252,41 +207,18 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	// arrived. A writer whose copies return at once may not poll
 	// otherwise for as long as it has credits.
 	c.pollNowLocked()
-	split := read && c.splitOfferLocked(body[:size])
-	copyMode := c.chooseCopyLocked(body[:size], split)
+	split := read && c.offerSplitLocked(body[:size])
+	copyMode := c.chooseSourceLocked(body[:size], split)
 	if copyMode {
 		size = min(size, copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight))
-		// Bound the copies the peer has not taken yet.
-		for read && c.copyInFlight > 0 && c.copyInFlight+size > c.cfg.MaxCopyInFlight {
-			if err := c.writableLocked(); err != nil {
-				return 0, err
-			}
-			if c.wdl.expired.Load() {
-				return 0, os.ErrDeadlineExceeded
-			}
-			if err := c.waitLocked(&c.wdl, true); err != nil {
-				return 0, err
-			}
+		if err := c.awaitCopyRoomLocked(read, size); err != nil {
+			return 0, err
 		}
 	}
 	if err := c.waitSendLocked(); err != nil {
 		return 0, err
 	}
-	x, err := c.prepareSourceLocked(body[:size], copyMode, read)
-	for retried := false; errors.Is(err, syscall.ENOBUFS) && !retried && c.copyInFlight > 0; retried = true {
-		// Our own copies hold the resources: wait for the peer to take
-		// them, then try once more.
-		for c.copyInFlight > 0 {
-			if werr := c.writableLocked(); werr != nil {
-				return 0, werr
-			}
-			if c.wdl.expired.Load() {
-				return 0, os.ErrDeadlineExceeded
-			}
-			c.waitLocked(&c.wdl, true)
-		}
-		x, err = c.prepareSourceLocked(body[:size], copyMode, read)
-	}
+	x, err := c.sourceLocked(body[:size], copyMode, read)
 	if errors.Is(err, syscall.ENOBUFS) {
 		return c.noBufsLocked(b) // lowmem.go
 	}
@@ -301,19 +233,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	x.id = c.nextTx
 	c.nextTx++
 	x.split = split && x.temp == nil // not after a fallback to a copy
-	var h header
-	h.SetType(msgRTS)
-	h.SetID(x.id)
-	h.SetSize(x.size)
-	if read {
-		h.SetFlags(flagRead)
-		if x.split {
-			h.SetFlags(flagRead | flagSplit)
-			c.stats.count(cZeroSplit, 1)
-		}
-		h.SetAddr(uint64(x.mr.Addr))
-		h.SetRKey(x.mr.RKey)
-	}
+	h := c.rtsHeaderLocked(x, read)
 	hook(stepSourceReady)
 	if err := c.sendGuardedLocked(&h, b[:inline], "write"); err != nil {
 		c.releaseSourceLocked(x)
@@ -330,6 +250,62 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 		return c.readRendezvousLocked(x, inline)
 	}
 	return c.writeRendezvousLocked(x, inline)
+}
+
+// awaitCopyRoomLocked waits until a copied piece of size bytes fits in
+// what the peer may have not taken yet (Config.MaxCopyInFlight).
+func (c *Conn) awaitCopyRoomLocked(read bool, size int) error {
+	for read && c.copyInFlight > 0 && c.copyInFlight+size > c.cfg.MaxCopyInFlight {
+		if err := c.writableLocked(); err != nil {
+			return err
+		}
+		if c.wdl.expired.Load() {
+			return os.ErrDeadlineExceeded
+		}
+		if err := c.waitLocked(&c.wdl, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sourceLocked is prepareSourceLocked that, when our own copies in flight
+// hold the resources it lacks (ENOBUFS), waits for the peer to take them
+// and tries once more.
+func (c *Conn) sourceLocked(body []byte, copyMode, read bool) (*txfer, error) {
+	x, err := c.prepareSourceLocked(body, copyMode, read)
+	if !errors.Is(err, syscall.ENOBUFS) || c.copyInFlight == 0 {
+		return x, err
+	}
+	for c.copyInFlight > 0 {
+		if werr := c.writableLocked(); werr != nil {
+			return nil, werr
+		}
+		if c.wdl.expired.Load() {
+			return nil, os.ErrDeadlineExceeded
+		}
+		c.waitLocked(&c.wdl, true)
+	}
+	return c.prepareSourceLocked(body, copyMode, read)
+}
+
+// rtsHeaderLocked builds the rts of x: its id and size, and for a read
+// rendezvous its source's descriptor and whether it is offered split.
+func (c *Conn) rtsHeaderLocked(x *txfer, read bool) header {
+	var h header
+	h.SetType(msgRTS)
+	h.SetID(x.id)
+	h.SetSize(x.size)
+	if read {
+		h.SetFlags(flagRead)
+		if x.split {
+			h.SetFlags(flagRead | flagSplit)
+			c.stats.count(cZeroSplit, 1)
+		}
+		h.SetAddr(uint64(x.mr.Addr))
+		h.SetRKey(x.mr.RKey)
+	}
+	return h
 }
 
 // readRendezvousLocked waits, for a zero-copy source, until the peer has
@@ -424,55 +400,53 @@ var hugeBacked = func(b []byte) bool {
 // hugeLocked reports whether b is in huge pages (hugeBacked), asking the
 // kernel only when b is not inside *last, the last buffer found so: the
 // first collapse of a buffer is slow, later answers are quick
-// (docs/performance.md). With unlock, mu is released meanwhile.
-func (c *Conn) hugeLocked(last *span, b []byte, unlock bool) bool {
+// (docs/performance.md). It holds mu throughout; hugeUnlocked does not.
+func (c *Conn) hugeLocked(last *span, b []byte) bool {
 	if last.covers(b) {
 		return true
 	}
-	if unlock {
-		c.mu.Unlock()
-	}
 	ok := hugeBacked(b)
-	if unlock {
-		c.mu.Lock()
-	}
 	if ok {
 		*last = span{addr: mem.Addr(b), n: uintptr(len(b))}
 	}
 	return ok
 }
 
-// splitOfferLocked reports whether a read rendezvous of b registered in
-// place should be offered as a split transfer (Config.SplitMin): the peer
-// speaks version 3 and split our last offer (or splitRetry has passed),
-// its Reads are large, b is at least SplitMin, the application writes
-// from it again (collapsing a buffer into huge pages once costs about a
-// copy of it, and pays off only if it is used again), and b is in huge
-// pages. It may release mu.
-func (c *Conn) splitOfferLocked(b []byte) bool {
-	switch {
-	case c.version < 3 || c.cfg.SplitMin < 0 || len(b) < c.cfg.SplitMin || c.cfg.ZeroCopy == ZeroCopyNever:
-		return false
-	case c.wdl.isSet.Load() || c.peerStages || time.Now().Before(c.noSplitUntil):
-		return false // a deadline: copy (chooseCopyLocked)
-	case !c.reused && !c.dev.nic.Cached(b):
-		return false
-	case c.sharedSource(b):
-		return false // the peer maps it: one copy already
-	case c.bigWrite:
-		return false // copied (lowmem.go)
+// hugeUnlocked is hugeLocked for a caller that holds mu and lets it go
+// while the kernel collapses b (a new buffer's first collapse takes
+// milliseconds); *last is written under mu.
+func (c *Conn) hugeUnlocked(last *span, b []byte) bool {
+	if last.covers(b) {
+		return true
 	}
-	return c.hugeLocked(&c.hugeSrc, b, true)
+	c.mu.Unlock()
+	ok := hugeBacked(b)
+	c.mu.Lock()
+	if ok {
+		*last = span{addr: mem.Addr(b), n: uintptr(len(b))}
+	}
+	return ok
 }
 
-// splitsLocked reports whether we split a transfer the sender offered to
-// split, reading all of it into dst: dst is at least SplitMin, reused
-// (inside the last direct Read's buffer, or in the registration cache:
-// collapsing a new buffer costs more than the split saves), and in huge
-// pages (the sender's cross-process write pins our pages one by one).
-func (c *Conn) splitsLocked(dst []byte) bool {
-	return c.cfg.SplitMin > 0 && len(dst) >= c.cfg.SplitMin &&
-		(c.lastRead.covers(dst) || c.dev.nic.Cached(dst)) && c.hugeLocked(&c.hugeDst, dst, false)
+// offerSplitLocked reports whether a read rendezvous of b registered in
+// place is offered as a split transfer (offerSplit, policy.go), b being in
+// huge pages. It may release mu (hugeUnlocked).
+func (c *Conn) offerSplitLocked(b []byte) bool {
+	f := splitOfferFacts{
+		n: len(b), version: c.version, splitMin: c.cfg.SplitMin, mode: c.cfg.ZeroCopy,
+		deadline: c.wdl.isSet.Load(), peerStages: c.peerStages, now: time.Now(), until: c.noSplitUntil,
+		reused: c.reused, cached: func() bool { return c.dev.nic.Cached(b) },
+		shared: c.sharedSource(b), bigWrite: c.bigWrite,
+	}
+	return offerSplit(&f) && c.hugeUnlocked(&c.hugeSrc, b)
+}
+
+// acceptSplitLocked reports whether we take a transfer the sender offered
+// split, reading all of it into dst (acceptSplit, policy.go), dst being in
+// huge pages.
+func (c *Conn) acceptSplitLocked(dst []byte) bool {
+	return acceptSplit(len(dst), c.cfg.SplitMin, c.lastRead.covers(dst), func() bool { return c.dev.nic.Cached(dst) }) &&
+		c.hugeLocked(&c.hugeDst, dst)
 }
 
 // abandonTxLocked revokes a zero-copy source the peer has not finished
@@ -514,7 +488,11 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 			return inline + int(x.off), c.blameSourceLocked(x, x.werr)
 		}
 		if x.cts && c.err == nil && !c.qpDead && !c.closed {
-			c.serveCTSLocked(x, 0, stepBeforeWrite, stepBeforeWriteDone)
+			var flags uint8
+			if c.version >= 4 {
+				flags = flagChunk
+			}
+			c.serveCTSLocked(x, flags, stepBeforeWrite, stepBeforeWriteDone)
 			continue
 		}
 		var err error
@@ -570,7 +548,7 @@ func (c *Conn) onRTSLocked(start uint64, h *header, payload []byte) {
 		addr: h.Addr(), rkey: h.RKey(),
 	}
 	c.holdLocked(&e, start)
-	c.rx = append(c.rx, e)
+	c.pushRxLocked(e)
 }
 
 // onCTSLocked records the peer's sink for our write rendezvous.
@@ -618,8 +596,8 @@ func (c *Conn) onCTSLocked(h *header) {
 // onDoneLocked completes a chunk of our write-rendezvous receive, or the
 // oldest of our read-rendezvous sends.
 func (c *Conn) onDoneLocked(h *header) {
+	op := &c.rd
 	if h.Flags()&flagSplit != 0 {
-		op := &c.rd
 		if c.version < 3 || !op.active || !op.split || op.tailDone || h.ID() != op.id || h.Offset() != op.tailOff || h.Size() != op.tailLen {
 			c.abortLocked(protoErr("split done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.tailOff, op.tailLen))
 			return
@@ -628,16 +606,25 @@ func (c *Conn) onDoneLocked(h *header) {
 		op.done = op.readDone
 		return
 	}
-	if op := &c.rd; op.active && !op.read && !op.done && !op.cancelled {
+	sink := op.active && !op.read && !op.done && !op.cancelled
+	switch {
+	case c.version >= 4 && h.Flags()&flagChunk != 0:
+		if !sink {
+			c.abortLocked(protoErr("chunk done of transfer %d, no sink of ours outstanding", h.ID()))
+			return
+		}
+		c.onChunkDoneLocked(h)
+		return
+	case h.Flags()&flagChunk != 0:
+		c.abortLocked(protoErr("done with flags %#x in version %d", h.Flags(), c.version))
+		return
+	case sink && c.version < 4:
+		// Before flagChunk: a done while our sink is outstanding is its.
 		if h.Flags() != 0 {
 			c.abortLocked(protoErr("done of a write rendezvous with flags %#x", h.Flags()))
 			return
 		}
-		if h.ID() != op.id || h.Offset() != op.off || h.Size() != op.n {
-			c.abortLocked(protoErr("done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.off, op.n))
-			return
-		}
-		op.done = true
+		c.onChunkDoneLocked(h)
 		return
 	}
 	if len(c.txq) == 0 {
@@ -683,6 +670,17 @@ func (c *Conn) onDoneLocked(h *header) {
 	c.lastDone = now
 	c.releaseSourceLocked(x)
 	c.stats.count(cBytesReadRdv, uint64(x.size))
+}
+
+// onChunkDoneLocked completes the chunk of our write-rendezvous receive
+// that the sender says it wrote.
+func (c *Conn) onChunkDoneLocked(h *header) {
+	op := &c.rd
+	if h.ID() != op.id || h.Offset() != op.off || h.Size() != op.n {
+		c.abortLocked(protoErr("done of transfer %d [%d, +%d), expected %d [%d, +%d)", h.ID(), h.Offset(), h.Size(), op.id, op.off, op.n))
+		return
+	}
+	op.done = true
 }
 
 // onCancelLocked ends a write rendezvous the peer gave up.
@@ -893,7 +891,7 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	// Split only without a read deadline: the sender's tail must land
 	// before Read returns, as a direct sink of the write rendezvous must.
 	split := direct && e.read && e.split && e.off == 0 && uint32(len(dst)) >= rem &&
-		!c.rdl.isSet.Load() && c.splitsLocked(dst[:rem])
+		!c.rdl.isSet.Load() && c.acceptSplitLocked(dst[:rem])
 	access := nic.AccessLocalWrite
 	if !e.read || split {
 		access |= nic.AccessRemoteWrite
@@ -928,7 +926,7 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	}
 	local := buf
 	if split {
-		local = c.splitLocked(e, buf, mr)
+		local = c.startSplitLocked(e, buf, mr)
 	}
 	if e.read {
 		// The nic copies in this goroutine (Config.InlineExec): not under
@@ -955,10 +953,10 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	return nil
 }
 
-// splitLocked makes the receive of e into buf (all of it, registered as
+// startSplitLocked makes the receive of e into buf (all of it, registered as
 // mr for local and remote write) a split transfer: a cts asks the sender
 // for the tail, and it returns the head, which we RDMA-Read meanwhile.
-func (c *Conn) splitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) []byte {
+func (c *Conn) startSplitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) []byte {
 	n := uint32(len(buf))
 	head := n / 2 &^ uint32(sys.PageSize-1) // SplitMin ≥ two pages: head and tail not empty
 	op := &c.rd

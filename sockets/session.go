@@ -155,7 +155,11 @@ func (c *Conn) releaseLocked() {
 			break
 		}
 	}
-	if to != c.inPos && c.blockedLocked() {
+	if c.lending {
+		// Nothing from the lent message on goes back (and spilling would
+		// not change that): acks stop at lendAck meanwhile.
+		to = min(to, c.lendStart)
+	} else if to != c.inPos && c.blockedLocked() {
 		c.spillLocked()
 		to = c.inPos
 	}
@@ -189,6 +193,24 @@ func (c *Conn) unholdLocked(e *rxEntry) {
 		e.held = false
 		c.heldN--
 	}
+}
+
+// pushRxLocked queues e. The queue is read from rxHead; when it is full,
+// the entries already read go first, so that a queue that never empties
+// (a reader a message behind the writer) keeps its size and allocates
+// nothing. No pointer into it lives across a release of mu. Every entry
+// holds a credit until it is read, so a window of them is all there can
+// be: the first one makes room for that many.
+func (c *Conn) pushRxLocked(e rxEntry) {
+	if c.rx == nil {
+		c.rx = make([]rxEntry, 0, c.window)
+	}
+	if len(c.rx) == cap(c.rx) && c.rxHead > 0 {
+		n := copy(c.rx, c.rx[c.rxHead:])
+		clear(c.rx[n:])
+		c.rx, c.rxHead = c.rx[:n], 0
+	}
+	c.rx = append(c.rx, e)
 }
 
 // spillLocked moves the unread bytes of held entries to the heap.
@@ -280,23 +302,39 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 
 // awaitReply polls for Config.ReplyWait, in block mode, after this side
 // sent a message: the answer to it may be on its way, and finding it costs
-// less than a sleep and a wake-up. It returns how many completions it
-// took and whether anything came (a message in the ring, or completions);
-// false when the wait was kicked, its deadline passed or nothing came.
+// less than a sleep and a wake-up. It spins (shm.WaitStrategy, busy) and
+// returns how many completions it took and whether anything came (a
+// message in the ring, or completions); false when the wait was kicked,
+// its deadline passed or nothing came. The caller is the poller.
 func (c *Conn) awaitReply(comps []nic.Completion, dl *deadline, k uint32) (int, bool) {
-	end := time.Now().Add(c.cfg.ReplyWait)
-	for i := 1; ; i++ {
-		if n := c.cq.Poll(comps); n > 0 || c.qp.RecvPending() {
-			return n, true // n == 0: the answer is in the ring
-		}
-		// A poll is cheap (docs/performance.md): look at the clock every eighth.
-		if i%8 == 0 {
-			if c.kick.Load() != k || dl != nil && dl.expired.Load() || time.Now().After(end) {
-				return 0, false
-			}
-		}
-	}
+	c.reply = replyLook{c: c, comps: comps, dl: dl, k: k}
+	c.replySpin.Wait(&c.reply, nil, time.Now().Add(c.cfg.ReplyWait))
+	r := c.reply
+	c.reply = replyLook{}
+	return r.n, r.got
 }
+
+// replyLook is awaitReply's wait: a poll of the completion queue and the
+// ring, ended early by a kick or the deadline.
+type replyLook struct {
+	c     *Conn
+	comps []nic.Completion
+	dl    *deadline
+	k     uint32
+	n     int
+	got   bool
+}
+
+func (r *replyLook) Ready() bool {
+	c := r.c
+	if r.n = c.cq.Poll(r.comps); r.n > 0 || c.qp.RecvPending() {
+		r.got = true
+		return true
+	}
+	return c.kick.Load() != r.k || r.dl != nil && r.dl.expired.Load()
+}
+
+func (r *replyLook) Arm(uint32) {} // it never parks
 
 // repostLocked gives back the ring space of what was read.
 func (c *Conn) repostLocked() { c.releaseLocked() }
@@ -350,7 +388,8 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	// The ack below gives the peer credit for what we are done with:
 	// their ring space must be free first.
 	c.releaseLocked()
-	h.SetAck(c.consumed)
+	ack := c.ackableLocked()
+	h.SetAck(ack)
 	h.SetLen(uint32(len(payload)))
 	n := headerSize + len(payload)
 	// Straight into the ring to the peer: one copy, no completion. The
@@ -384,8 +423,10 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	} else {
 		c.stats.count(cCreditMsgs, 1)
 	}
-	c.ackSent = c.consumed
-	c.owed = 0
+	c.ackSent = ack
+	if ack == c.consumed {
+		c.owed = 0
+	}
 	c.stats.count(cMsgsSent, 1)
 	return nil
 }
@@ -421,9 +462,9 @@ func (c *Conn) pumpLocked() {
 	// Return credit at half the window; or, for a consumed message other
 	// than a credit, when the peer is out of credit for control messages
 	// or closing, or we are closing (the closer waits for our ack).
-	unacked := c.consumed - c.ackSent
+	unacked := c.ackableLocked() - c.ackSent
 	starved := c.window-(c.received-c.ackSent) < uint32(classControl)
-	due := unacked >= c.window/2 || (c.owed > 0 && (starved || c.peerFin || c.closed))
+	due := unacked > 0 && (unacked >= c.window/2 || (c.owed > 0 && (starved || c.peerFin || c.closed)))
 	// The peer's credit messages can eat the credits it keeps for control
 	// messages: when it is starved and an ack would give some back, and
 	// we have credits to spare (so two starved sides never trade credit
@@ -438,6 +479,16 @@ func (c *Conn) pumpLocked() {
 		h.SetType(msgCredit)
 		c.sendLocked(&h, nil)
 	}
+}
+
+// ackableLocked is the ack our next message may carry: what we consumed,
+// or while received data is lent (copy.go) what we had consumed when the
+// lend began — the ring space of what came since is not given back yet.
+func (c *Conn) ackableLocked() uint32 {
+	if c.lending {
+		return c.lendAck
+	}
+	return c.consumed
 }
 
 // consumeLocked counts a message we are done with: its credit goes back
@@ -485,49 +536,17 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	c.stats.count(cMsgsReceived, 1)
 	t := h.Type()
 	if !c.helloDone {
-		if t != msgHello {
-			if t == msgAbort {
-				c.resetLocked(&resetError{reason: string(payload)})
-				return
-			}
-			c.abortLocked(protoErr("first message is %v, not hello", t))
-			return
-		}
-		c.received++
-		c.onHelloLocked(&h, payload)
-		c.consumeLocked(true)
+		c.onFirstLocked(&h, payload)
 		return
 	}
-	// Credits: the peer may have at most window messages unacknowledged,
-	// the last two of which only for control and credit messages, the
-	// last one only for credit messages and aborts.
-	limit := c.window - uint32(classOf(t)) + 1
-	if c.received-c.ackSent >= limit {
-		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+	if !c.creditedLocked(&h) {
 		return
-	}
-	c.received++
-	if ack := h.Ack(); ack-c.peerAck > c.sent-c.peerAck {
-		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
-		return
-	} else {
-		c.peerAck = ack
 	}
 	switch t {
 	case msgHello:
 		c.abortLocked(protoErr("second hello"))
 	case msgData:
-		if c.closed {
-			c.abortLocked(&abortError{err: errLateData})
-			return
-		}
-		if c.peerFin {
-			c.abortLocked(protoErr("data after fin"))
-			return
-		}
-		e := rxEntry{kind: msgData, data: payload}
-		c.holdLocked(&e, start)
-		c.rx = append(c.rx, e)
+		c.onDataLocked(payload, start)
 	case msgRTS:
 		c.onRTSLocked(start, &h, payload)
 	case msgCTS:
@@ -542,16 +561,72 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	case msgCredit:
 		c.consumeLocked(true)
 	case msgFin:
-		if c.peerFin {
-			c.abortLocked(protoErr("second fin"))
-			return
-		}
-		c.peerFin = true
-		c.rx = append(c.rx, rxEntry{kind: msgFin})
-		c.consumeLocked(false)
+		c.onFinLocked()
 	case msgAbort:
 		c.resetLocked(&resetError{reason: string(payload)})
 	}
+}
+
+// onFirstLocked handles the peer's first message, which must be its hello
+// (or an abort that says why it refuses us).
+func (c *Conn) onFirstLocked(h *header, payload []byte) {
+	switch t := h.Type(); t {
+	case msgHello:
+		c.received++
+		c.onHelloLocked(h, payload)
+		c.consumeLocked(true)
+	case msgAbort:
+		c.resetLocked(&resetError{reason: string(payload)})
+	default:
+		c.abortLocked(protoErr("first message is %v, not hello", t))
+	}
+}
+
+// creditedLocked counts a message that came and takes its ack, and
+// aborts the connection if the peer had no credit for it or acknowledges
+// messages never sent. Credits: the peer may have at most window messages
+// unacknowledged, the last two of which only for control and credit
+// messages, the last one only for credit messages and aborts.
+func (c *Conn) creditedLocked(h *header) bool {
+	t := h.Type()
+	limit := c.window - uint32(classOf(t)) + 1
+	if c.received-c.ackSent >= limit {
+		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+		return false
+	}
+	c.received++
+	ack := h.Ack()
+	if ack-c.peerAck > c.sent-c.peerAck {
+		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
+		return false
+	}
+	c.peerAck = ack
+	return true
+}
+
+// onDataLocked queues eager data for Read, where it lies in the ring.
+func (c *Conn) onDataLocked(payload []byte, start uint64) {
+	switch {
+	case c.closed:
+		c.abortLocked(&abortError{err: errLateData})
+	case c.peerFin:
+		c.abortLocked(protoErr("data after fin"))
+	default:
+		e := rxEntry{kind: msgData, data: payload}
+		c.holdLocked(&e, start)
+		c.pushRxLocked(e)
+	}
+}
+
+// onFinLocked records the end of the peer's stream.
+func (c *Conn) onFinLocked() {
+	if c.peerFin {
+		c.abortLocked(protoErr("second fin"))
+		return
+	}
+	c.peerFin = true
+	c.pushRxLocked(rxEntry{kind: msgFin})
+	c.consumeLocked(false)
 }
 
 func (c *Conn) onHelloLocked(h *header, payload []byte) {
@@ -748,6 +823,15 @@ func (c *Conn) teardown() {
 		c.wmu.Lock()
 		c.mu.Lock()
 		c.tearing = true
+		// Data lent out of the ring (WriteTo) is read until its
+		// destination's Write returns: the ring must stay until then.
+		for c.lending {
+			ch := make(chan struct{})
+			c.lendWait = ch
+			c.mu.Unlock()
+			<-ch
+			c.mu.Lock()
+		}
 		// What a Read may still deliver leaves the ring, which goes with
 		// the queue pair.
 		c.spillLocked()

@@ -385,6 +385,18 @@ var attacks = []attack{
 				return sink.intact(false) // the tail landed inside it, not around
 			}, nil
 		}},
+	// Version 4: the sender of a write rendezvous marks the done of each
+	// chunk it wrote; one with no sink outstanding, or before version 4,
+	// is a lie.
+	{name: "chunk done of nothing", reason: "chunk done of transfer 7, no sink", lie: sendOnly(hdr(msgDone, func(h *header) {
+		h.SetFlags(flagChunk)
+		h.SetID(7)
+		h.SetSize(4096)
+	}), nil)},
+	{name: "chunk done in version 3", cfg: &Config{versions: [2]uint16{1, 3}}, reason: "done with flags 0x8 in version 3", lie: sendOnly(hdr(msgDone, func(h *header) {
+		h.SetFlags(flagChunk)
+		h.SetSize(4096)
+	}), nil)},
 	{name: "second hello", reason: "second hello", lie: func(bad *Conn) (func() error, error) {
 		bad.mu.Lock()
 		defer bad.mu.Unlock()

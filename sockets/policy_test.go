@@ -1,0 +1,105 @@
+package sockets
+
+import (
+	"testing"
+	"time"
+)
+
+// TestChooseSource is the source choice as a table: each row changes one
+// fact from a write in the zero-copy band (a reused buffer of 512 KiB,
+// read rendezvous, ZeroCopyMax 1 MiB) and says which way it must go.
+func TestChooseSource(t *testing.T) {
+	base := func() sourceFacts {
+		return sourceFacts{
+			n: 512 << 10, mode: ZeroCopyAuto, copyThreshold: 256 << 10, zeroCopyMax: 1 << 20,
+			maxCopyInFlight: 4 << 20, peerRead: true, reused: true,
+		}
+	}
+	cached := func(v bool) func() bool { return func() bool { return v } }
+	for _, tc := range []struct {
+		name   string
+		change func(f *sourceFacts)
+		copied bool
+		why    sourceWhy
+	}{
+		{"zero-copy band", func(f *sourceFacts) {}, false, whyConfig},
+		{"too large to pin", func(f *sourceFacts) { f.bigWrite = true; f.mode = ZeroCopyAlways }, true, whyBigWrite},
+		{"always", func(f *sourceFacts) { f.mode = ZeroCopyAlways; f.deadline = true }, false, whyConfig},
+		{"never", func(f *sourceFacts) { f.mode = ZeroCopyNever; f.shared = true }, true, whyConfig},
+		{"write rendezvous", func(f *sourceFacts) { f.peerRead = false; f.deadline = true }, false, whyConfig},
+		{"deadline", func(f *sourceFacts) { f.deadline = true; f.shared = true }, true, whyConfig},
+		{"small", func(f *sourceFacts) { f.n = 64 << 10; f.shared = true }, true, whyConfig},
+		{"shared buffer", func(f *sourceFacts) { f.shared = true; f.reused = false }, false, whyShared},
+		{"split", func(f *sourceFacts) { f.split = true; f.zeroCopyMax = 0 }, false, whyConfig},
+		{"pieces pipeline (default ZeroCopyMax)", func(f *sourceFacts) { f.zeroCopyMax = 0 }, true, whyConfig},
+		{"above ZeroCopyMax", func(f *sourceFacts) { f.n = 2 << 20 }, true, whyConfig},
+		{"peer behind", func(f *sourceFacts) { f.copyInFlight = 4 << 20; f.peerStages = true }, false, whyConfig},
+		{"peer stages", func(f *sourceFacts) { f.peerStages = true }, true, whyPeerStages},
+		{"new buffer", func(f *sourceFacts) { f.reused = false; f.cached = cached(false) }, true, whyNewBuffer},
+		{"cached buffer", func(f *sourceFacts) { f.reused = false; f.cached = cached(true) }, false, whyConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := base()
+			tc.change(&f)
+			if copied, why := chooseSource(&f); copied != tc.copied || why != tc.why {
+				t.Fatalf("chooseSource = copied %v (why %d), want %v (why %d)", copied, why, tc.copied, tc.why)
+			}
+		})
+	}
+}
+
+// TestSplitChoices: the offer and the acceptance of split transfers as
+// tables, from a reused 4 MiB buffer on a version 3 connection.
+func TestSplitChoices(t *testing.T) {
+	now := time.Now()
+	base := func() splitOfferFacts {
+		return splitOfferFacts{n: 4 << 20, version: 3, splitMin: 2 << 20, mode: ZeroCopyAuto, now: now, reused: true}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(f *splitOfferFacts)
+		offer  bool
+	}{
+		{"offered", func(f *splitOfferFacts) {}, true},
+		{"version 2", func(f *splitOfferFacts) { f.version = 2 }, false},
+		{"never split", func(f *splitOfferFacts) { f.splitMin = -1 }, false},
+		{"below SplitMin", func(f *splitOfferFacts) { f.n = 1 << 20 }, false},
+		{"ZeroCopyNever", func(f *splitOfferFacts) { f.mode = ZeroCopyNever }, false},
+		{"deadline", func(f *splitOfferFacts) { f.deadline = true }, false},
+		{"peer stages", func(f *splitOfferFacts) { f.peerStages = true }, false},
+		{"peer declined lately", func(f *splitOfferFacts) { f.until = now.Add(time.Second) }, false},
+		{"declined long ago", func(f *splitOfferFacts) { f.until = now.Add(-time.Second) }, true},
+		{"shared buffer", func(f *splitOfferFacts) { f.shared = true }, false},
+		{"too large to pin", func(f *splitOfferFacts) { f.bigWrite = true }, false},
+		{"new buffer", func(f *splitOfferFacts) { f.reused = false }, false},
+		{"cached buffer", func(f *splitOfferFacts) { f.reused = false; f.cached = func() bool { return true } }, true},
+	} {
+		t.Run("offer/"+tc.name, func(t *testing.T) {
+			f := base()
+			tc.change(&f)
+			if got := offerSplit(&f); got != tc.offer {
+				t.Fatalf("offerSplit = %v, want %v", got, tc.offer)
+			}
+		})
+	}
+	yes := func() bool { return true }
+	for _, tc := range []struct {
+		name     string
+		n, min   int
+		reused   bool
+		cached   func() bool
+		accepted bool
+	}{
+		{"reused", 4 << 20, 2 << 20, true, nil, true},
+		{"cached", 4 << 20, 2 << 20, false, yes, true},
+		{"new", 4 << 20, 2 << 20, false, func() bool { return false }, false},
+		{"small", 1 << 20, 2 << 20, true, yes, false},
+		{"never split", 4 << 20, -1, true, yes, false},
+	} {
+		t.Run("accept/"+tc.name, func(t *testing.T) {
+			if got := acceptSplit(tc.n, tc.min, tc.reused, tc.cached); got != tc.accepted {
+				t.Fatalf("acceptSplit = %v, want %v", got, tc.accepted)
+			}
+		})
+	}
+}
