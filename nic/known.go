@@ -178,7 +178,9 @@ func (qp *QueuePair) takeReply() error {
 	buf := make([]byte, cmRecvSize)
 	n, fds, err := sys.RecvFds(qp.conn, buf, cmMaxFds)
 	qp.conn.SetReadDeadline(time.Time{})
-	if err == nil {
+	if err != nil {
+		err = fmt.Errorf("%w: handshake reply: %v", ErrProtocol, err)
+	} else {
 		err = checkReply(buf[:n], fds, kp)
 	}
 	sys.CloseAll(fds)

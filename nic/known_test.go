@@ -3,10 +3,14 @@ package nic
 import (
 	"bytes"
 	"errors"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/internal/testutil"
 )
 
 // earlyListener accepts on a listener of a fresh device with answer as
@@ -166,6 +170,96 @@ func TestEarlyDialAnswerChanged(t *testing.T) {
 					t.Error("the dial after a changed answer is early")
 				}
 				qp3.Close()
+			}
+		})
+	}
+}
+
+// TestEarlyDialHostileReply: a listener on the address of a known one, in
+// the same process (so that the early dial trusts it), that answers the
+// hello with garbage, with the fds of another device, or not at all:
+// the early queue pair fails with a protocol error that says so, never
+// hangs past its timeout, and leaks nothing.
+func TestEarlyDialHostileReply(t *testing.T) {
+	other := openDevice(t, nil) // whose fds a lying listener passes
+	for _, c := range []struct {
+		name  string
+		reply func(conn *net.UnixConn) // nil: never answers
+		want  string
+	}{
+		{"garbage", func(conn *net.UnixConn) { conn.Write([]byte("no hello at all")) }, "handshake of 15 bytes"},
+		{"another device's files", func(conn *net.UnixConn) {
+			table, pipe := other.hub.Fds()
+			sys.SendFds(conn, other.hello(0, nil).marshal(), other.regSeg.Fd(), table, pipe)
+		}, "another registration table or hub"},
+		{"silence", nil, "i/o timeout"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr := testAddr()
+			d := openDevice(t, nil)
+			before := testutil.Snapshot()
+			// The real listener first: its answer is remembered.
+			ld := openDevice(t, nil)
+			ln, err := ld.Listen(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				if qp, err := ln.Accept(QPOptions{SendCQ: ld.NewCQ(), RecvCQ: ld.NewCQ()}); err == nil {
+					qp.Close()
+				}
+			}()
+			opts := QPOptions{SendCQ: d.NewCQ(), RecvCQ: d.NewCQ(), Early: true, Timeout: 200 * time.Millisecond}
+			qp, err := d.Dial(addr, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			qp.Close()
+			ln.Close()
+			// The liar, on the same name in the same process.
+			raw, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: addr, Net: "unixpacket"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			served := make(chan *net.UnixConn, 1)
+			go func() {
+				conn, err := raw.AcceptUnix()
+				if err != nil {
+					served <- nil
+					return
+				}
+				buf := make([]byte, cmRecvSize)
+				if _, fds, err := sys.RecvFds(conn, buf, cmMaxFds); err == nil {
+					sys.CloseAll(fds)
+				}
+				if c.reply != nil {
+					c.reply(conn)
+				}
+				served <- conn
+			}()
+			opts.SendCQ, opts.RecvCQ = d.NewCQ(), d.NewCQ()
+			qp, err = d.Dial(addr, opts)
+			if err != nil || !qp.Early() {
+				t.Fatalf("the dial to the liar: %v, early %v", err, qp != nil && qp.Early())
+			}
+			select {
+			case <-qp.readerDone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the early queue pair still runs 10 s after its reply was due")
+			}
+			if err := qp.Err(); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("queue pair error %v, want a protocol error about %q", err, c.want)
+			}
+			qp.Close()
+			if conn := <-served; conn != nil {
+				conn.Close()
+			}
+			raw.Close()
+			ld.Close()
+			d.Close()
+			if err := before.CheckLeaks(); err != nil {
+				t.Error(err)
 			}
 		})
 	}

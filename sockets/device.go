@@ -40,8 +40,9 @@ type device struct {
 	slabs     [][]byte
 	allocated int
 
-	pieces pieceCopier // copies sources into temporary memory
-	ctl    ctlPools    // control-message pools and the doorbell
+	pieces pieceCopier  // copies sources into temporary memory
+	ctl    ctlPools     // control-message pools and the doorbell
+	probed atomic.Int64 // when checkStaging last succeeded, in Unix ns (handshake.go)
 }
 
 // Temporary buffers come in power-of-two classes from 64 KiB.

@@ -41,6 +41,14 @@ func (d *Dialer) Dial(network, address string) (net.Conn, error) {
 //     TCP when that fails. Other hosts get plain TCP.
 //
 // The returned connection is a *Conn, or a *net.TCPConn for TCP.
+//
+// A dial to a listener this process dialed before, with the same
+// configuration, does not wait for the listener's answer: it takes it to
+// be the one it gave last time (nic.QPOptions.Early), and the first Write
+// goes out at once, as on a Unix socket whose listener has not accepted
+// yet. If the listener answers otherwise — it refuses this time, or it
+// is another device on the same name — the connection fails at its first
+// use instead of at Dial, with a reset.
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	cfg, err := resolve(d.Config)
 	if err != nil {

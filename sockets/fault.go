@@ -198,6 +198,9 @@ func goneReason(err error) string {
 	if errors.As(err, &ce) && ce.Status == nic.StatusRemoteOp && ce.Reason != nil {
 		return "RDMA " + ce.Op.String() + " on the peer's memory failed: " + ce.Reason.Error()
 	}
+	if errors.Is(err, nic.ErrRefused) || errors.Is(err, nic.ErrProtocol) {
+		return err.Error() // an early dial's listener answered otherwise (nic.QPOptions.Early)
+	}
 	return "peer gone"
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"sync/atomic"
+	"time"
 
 	"github.com/sandirect/sandirect/nic"
 	"github.com/sandirect/sandirect/shm"
@@ -28,11 +29,23 @@ func prepareHello(d *device) (*nic.MemoryRegion, error) {
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now().UnixNano()
+	if now-d.probed.Load() < int64(stagingProbeTTL) {
+		return bell, nil
+	}
 	if err := d.checkStaging(); err != nil { // lowmem.go
 		return nil, err
 	}
+	d.probed.Store(now)
 	return bell, nil
 }
+
+// stagingProbeTTL is how long a staging probe that succeeded vouches for
+// the device's next connections. The probe maps, pins, unpins and unmaps
+// a page: on every dial and every accept it was a third of what a dial
+// cost (docs/setup.md). A device's first connection always probes, and a
+// failure is never remembered.
+const stagingProbeTTL = 100 * time.Millisecond
 
 // configVersions returns the session versions a connection of cfg speaks.
 func configVersions(cfg *Config) (lo, hi uint16) {
