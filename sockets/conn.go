@@ -480,7 +480,7 @@ func (c *Conn) write(b []byte) (n int, err error) {
 	if c.wdl.expired.Load() {
 		return 0, os.ErrDeadlineExceeded
 	}
-	large := !c.eagerLocked(len(b)) // eager.go
+	large := !c.eagerLocked(len(b))               // eager.go
 	c.bigWrite = large && !c.dev.pinnable(len(b)) // lowmem.go
 	if large {
 		// What the source choice learns from: is this the buffer of the
