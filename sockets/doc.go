@@ -136,3 +136,16 @@
 // (it cannot vanish while registered), so it must never be unmapped, only
 // given back with FreeBuffer.
 package sockets
+
+// Where things live. conn.go: Conn and its API (Read, Write, Close,
+// deadlines). session.go: the session state and the progress engine
+// (polling, waiting). credits.go: the credit accounting. send.go: the send
+// path, small messages and large writes' rendezvous from the sender's
+// side. recv.go: the receive path, Reads, rendezvous from the receiver's
+// side. dispatch.go: the handlers of the peer's messages and of
+// completions. teardown.go: abort, reset, linger and teardown.
+// rendezvous.go: huge pages for split transfers. policy.go: the pure
+// choices of a large write's path. header.go: the wire format;
+// handshake.go, dial.go, listener.go: setting a connection up; eager.go,
+// copy.go, lowmem.go, fault.go: the eager threshold, io.Copy, short of
+// locked memory, faulting application memory.

@@ -1,0 +1,112 @@
+package sockets
+
+import "os"
+
+// Credit accounting (docs/protocol.md, "Credits"): what the peer's window
+// leaves us to send now, by message class; the checks of the peer's
+// messages against ours and the acks we owe it; and a data message's wait
+// for credits.
+
+// credits returns how many more messages the peer can take now.
+func (c *Conn) creditsLocked() uint32 { return c.peerWindow - (c.sent - c.peerAck) }
+
+// Message classes: how many credits a message needs. Data keeps two
+// credits back, a control message one, so that data can never starve
+// control messages (done, cts, cancel, fin) and nothing can starve credit
+// messages: see docs/protocol.md.
+type class uint32
+
+const (
+	classCredit  class = 1 // credit, abort
+	classControl class = 2 // cts, done, cancel, fin
+	classData    class = 3 // data, rts
+)
+
+func classOf(t msgType) class {
+	switch t {
+	case msgData, msgRTS:
+		return classData
+	case msgCredit, msgAbort:
+		return classCredit
+	}
+	return classControl
+}
+
+// canSendLocked tells whether a message of class k may go now: a free
+// send buffer and the credits its class needs.
+func (c *Conn) canSendLocked(k class) bool {
+	if c.qpDead || c.torn || !c.helloDone {
+		return false
+	}
+	return c.creditsLocked() >= uint32(k)
+}
+
+// ackableLocked is the ack our next message may carry: what we consumed,
+// or while received data is lent (copy.go) what we had consumed when the
+// lend began — the ring space of what came since is not given back yet.
+func (c *Conn) ackableLocked() uint32 {
+	if c.lending {
+		return c.lendAck
+	}
+	return c.consumed
+}
+
+// consumeLocked counts a message we are done with: its credit goes back
+// to the peer with our next ack (its ring space first: releaseLocked).
+func (c *Conn) consumeLocked(credit bool) {
+	c.consumed++
+	if !credit {
+		c.owed++
+	}
+}
+
+// creditedLocked counts a message that came and takes its ack, and
+// aborts the connection if the peer had no credit for it or acknowledges
+// messages never sent. Credits: the peer may have at most window messages
+// unacknowledged, the last two of which only for control and credit
+// messages, the last one only for credit messages and aborts.
+func (c *Conn) creditedLocked(h *header) bool {
+	t := h.Type()
+	limit := c.window - uint32(classOf(t)) + 1
+	if c.received-c.ackSent >= limit {
+		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+		return false
+	}
+	c.received++
+	ack := h.Ack()
+	if ack-c.peerAck > c.sent-c.peerAck {
+		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
+		return false
+	}
+	c.peerAck = ack
+	return true
+}
+
+// waitSendLocked waits until a data message may go: no control message
+// queued ahead, a free send buffer, and a credit beyond the reserved ones.
+func (c *Conn) waitSendLocked() error {
+	stalled := false
+	for {
+		if err := c.writableLocked(); err != nil {
+			return err
+		}
+		c.pumpLocked()
+		if len(c.ctlq) == 0 && c.canSendLocked(classData) {
+			return nil
+		}
+		if c.wdl.expired.Load() {
+			return os.ErrDeadlineExceeded
+		}
+		if !stalled {
+			stalled = true
+			c.stats.count(cCreditStalls, 1)
+		}
+		err := c.waitLocked(&c.wdl, true)
+		if err != nil {
+			if werr := c.writableLocked(); werr != nil {
+				return werr
+			}
+			return err
+		}
+	}
+}

@@ -1,0 +1,397 @@
+package sockets
+
+import (
+	"bytes"
+	"io"
+	"net"
+
+	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/nic"
+)
+
+// The receive path: received messages queued for Read (rx entries) and the
+// ring space they hold, Reads out of them, and rendezvous and split
+// transfers from the receiver's side — its RDMA Reads, sinks and staging.
+
+// releaseLocked gives the peer back the ring space of the messages before
+// the first one the application has not read. When handled messages wait
+// behind unread data (a control message behind data nobody reads yet), the
+// unread bytes move to the heap and all of it goes back: the peer's
+// control messages must always find room, and what the application does
+// not read still holds its credit, so the heap holds at most a window.
+func (c *Conn) releaseLocked() {
+	if c.torn || c.relPos == c.inPos {
+		return
+	}
+	to := c.inPos
+	for i := c.rxHead; i < len(c.rx); i++ {
+		if e := &c.rx[i]; e.held {
+			to = e.start
+			break
+		}
+	}
+	if c.lending {
+		// Nothing from the lent message on goes back (and spilling would
+		// not change that): acks stop at lendAck meanwhile.
+		to = min(to, c.lendStart)
+	} else if to != c.inPos && c.blockedLocked() {
+		c.spillLocked()
+		to = c.inPos
+	}
+	if to > c.relPos {
+		c.qp.ReleaseRecv(to)
+		c.relPos = to
+	}
+}
+
+// blockedLocked tells whether a handled message waits behind unread data:
+// more messages were taken since the first held entry than are held.
+func (c *Conn) blockedLocked() bool {
+	for i := c.rxHead; i < len(c.rx); i++ {
+		if e := &c.rx[i]; e.held {
+			return c.taken-e.seq > uint64(c.heldN)
+		}
+	}
+	return false
+}
+
+// holdLocked makes e, about to be queued, hold the ring space of the
+// message just taken from position start.
+func (c *Conn) holdLocked(e *rxEntry, start uint64) {
+	e.held, e.start, e.seq = true, start, c.taken-1
+	c.heldN++
+}
+
+// unholdLocked ends e's hold (read, or moved to the heap).
+func (c *Conn) unholdLocked(e *rxEntry) {
+	if e.held {
+		e.held = false
+		c.heldN--
+	}
+}
+
+// pushRxLocked queues e. The queue is read from rxHead; when it is full,
+// the entries already read go first, so that a queue that never empties
+// (a reader a message behind the writer) keeps its size and allocates
+// nothing. No pointer into it lives across a release of mu. Every entry
+// holds a credit until it is read, so a window of them is all there can
+// be: the first one makes room for that many.
+func (c *Conn) pushRxLocked(e rxEntry) {
+	if c.rx == nil {
+		c.rx = make([]rxEntry, 0, c.window)
+	}
+	if len(c.rx) == cap(c.rx) && c.rxHead > 0 {
+		n := copy(c.rx, c.rx[c.rxHead:])
+		clear(c.rx[n:])
+		c.rx, c.rxHead = c.rx[:n], 0
+	}
+	c.rx = append(c.rx, e)
+}
+
+// spillLocked moves the unread bytes of held entries to the heap.
+func (c *Conn) spillLocked() {
+	for i := c.rxHead; i < len(c.rx); i++ {
+		if e := &c.rx[i]; e.held {
+			e.data = bytes.Clone(e.data)
+			c.unholdLocked(e)
+			c.stats.count(cSpills, 1)
+		}
+	}
+}
+
+// repostLocked gives back the ring space of what was read.
+func (c *Conn) repostLocked() { c.releaseLocked() }
+
+// popRxLocked drops the head of the receive queue.
+func (c *Conn) popRxLocked() {
+	c.unholdLocked(&c.rx[c.rxHead])
+	c.rx[c.rxHead] = rxEntry{}
+	c.rxHead++
+	if c.rxHead == len(c.rx) {
+		c.rx, c.rxHead = c.rx[:0], 0
+	}
+}
+
+// readLocked delivers into b[n:] what has arrived, starting the
+// rendezvous receive that the head of the queue needs. It returns the new
+// n and whether the caller must wait for progress to get more.
+func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
+	for n < len(b) {
+		c.readN = n // what a fault in the copies below leaves delivered (fault.go)
+		if len(c.staged) > 0 {
+			k := copy(b[n:], c.staged)
+			c.staged = c.staged[k:]
+			n += k
+			if len(c.staged) == 0 {
+				c.staged = nil
+				c.releaseStageLocked()
+			}
+			continue
+		}
+		if c.rd.active {
+			op := &c.rd
+			sink := c.sinkLocked(b[n:]) // to blame if it faults (fault.go)
+			if !op.done && !op.cancelled {
+				if (!op.read || op.split && op.readDone) && (c.err != nil || c.closed || c.qpDead) {
+					// The sender will not serve our sink any more.
+					err := c.abandonRecvLocked()
+					return n, false, c.blameLocked(sink, "read", err)
+				}
+				return n, true, nil
+			}
+			k, err := c.finishRecvLocked()
+			if err != nil {
+				return n, false, c.blameLocked(sink, "read", err)
+			}
+			n += k
+			continue
+		}
+		if c.rxHead == len(c.rx) {
+			return n, true, nil
+		}
+		e := &c.rx[c.rxHead]
+		switch e.kind {
+		case msgFin:
+			if n > 0 {
+				return n, false, nil
+			}
+			return 0, false, io.EOF
+		case msgData:
+			k := copy(b[n:], e.data)
+			e.data = e.data[k:]
+			n += k
+			if len(e.data) == 0 {
+				c.consumeLocked(false)
+				c.popRxLocked()
+			}
+		case msgRTS:
+			if len(e.data) > 0 {
+				k := copy(b[n:], e.data)
+				e.data = e.data[k:]
+				n += k
+				continue
+			}
+			if e.off == e.size {
+				c.finishRTSLocked()
+				continue
+			}
+			if n > 0 && len(b)-n < c.cfg.DirectRead {
+				return n, false, nil
+			}
+			if c.err != nil || c.qpDead || c.torn {
+				// No rendezvous byte can come any more; a receive
+				// started now would register a buffer that a torn
+				// connection never deregisters.
+				if c.err != nil {
+					return n, false, c.err
+				}
+				return n, false, &resetError{reason: "peer gone"}
+			}
+			if err := c.startRecvLocked(e, b[n:]); err != nil {
+				return n, false, err
+			}
+		}
+	}
+	c.tidyRxLocked()
+	return n, false, nil
+}
+
+// finishRTSLocked ends the transfer at the head of the queue, all of it
+// received: done for a read rendezvous, and the rts buffer is consumed.
+func (c *Conn) finishRTSLocked() {
+	e := &c.rx[c.rxHead]
+	if e.read && e.size > 0 {
+		hook(stepBeforeReadDone)
+		var flags uint8
+		if e.staged && c.version >= 2 {
+			flags = flagStaged
+		}
+		c.queueCtlLocked(ctlMsg{typ: msgDone, flags: flags, id: e.id, size: e.size})
+	}
+	c.consumeLocked(false)
+	c.popRxLocked()
+}
+
+// tidyRxLocked ends the transfers at the head of the queue whose bytes
+// were all read, so that the peer hears done without waiting for another
+// Read.
+func (c *Conn) tidyRxLocked() {
+	for c.rxHead < len(c.rx) && !c.rd.active {
+		e := &c.rx[c.rxHead]
+		if e.kind != msgRTS || len(e.data) > 0 || e.off != e.size {
+			return
+		}
+		c.finishRTSLocked()
+	}
+}
+
+// startRecvLocked starts receiving the next chunk of the rendezvous e:
+// into dst itself when it is large enough (or takes the whole rest),
+// otherwise into the staging buffer.
+func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
+	rem := e.size - e.off
+	direct := len(dst) >= c.cfg.DirectRead || uint32(len(dst)) >= rem
+	if direct && !c.dev.pinnable(len(dst)) {
+		direct = false // staged (lowmem.go)
+		c.stats.count(cFallbacks, 1)
+	}
+	if !e.read && c.rdl.isSet.Load() {
+		// A direct sink must be served before Read returns; with a
+		// deadline, use the staging buffer, which may be left behind.
+		direct = false
+	}
+	// Split only without a read deadline: the sender's tail must land
+	// before Read returns, as a direct sink of the write rendezvous must.
+	split := direct && e.read && e.split && e.off == 0 && uint32(len(dst)) >= rem &&
+		!c.rdl.isSet.Load() && c.acceptSplitLocked(dst[:rem])
+	access := nic.AccessLocalWrite
+	if !e.read || split {
+		access |= nic.AccessRemoteWrite
+	}
+	var buf []byte
+	var mr *nic.MemoryRegion
+	var err error
+	if direct {
+		if !c.lastRead.covers(dst) {
+			c.lastRead = span{addr: mem.Addr(dst), n: uintptr(len(dst))}
+		}
+		buf = dst[:min(uint32(len(dst)), rem)]
+		if mr, err = c.dev.register(c.owner, buf, access); err != nil {
+			direct, split = false, false
+			c.stats.count(cFallbacks, 1)
+		}
+	}
+	if !direct {
+		e.staged = true
+		if buf, mr, err = c.stageLocked(rem, access); err != nil { // lowmem.go
+			return err
+		}
+	}
+	c.stats.count(cRegisters, 1)
+	// A Read into a very large buffer: what lands first leaves the caches
+	// before the application gets to it anyway, and cached stores would
+	// first read every line of it in.
+	nt := e.read && direct && len(dst) >= ntReadMin
+	c.rd = recvOp{active: true, direct: direct, nt: nt, read: e.read, id: e.id, off: e.off, n: uint32(len(buf)), mr: mr}
+	if direct {
+		hook(stepSinkReady)
+	}
+	local := buf
+	if split {
+		local = c.startSplitLocked(e, buf, mr)
+	}
+	if e.read {
+		// The nic copies in this goroutine (Config.InlineExec): not under
+		// mu. rmu keeps the receive side ours; the completion is
+		// dispatched like any other.
+		wr := nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: local, LKey: mr.LKey, Remote: e.addr + uint64(e.off), RKey: e.rkey, NonTemporal: c.rd.nt}
+		c.mu.Unlock()
+		err := c.qp.PostSend(wr)
+		c.mu.Lock()
+		if err != nil && c.rd.active {
+			c.rd = recvOp{}
+			c.dev.nic.Deregister(mr)
+			c.qpFailedLocked(err)
+			if direct {
+				// A split's tail may have failed the queue pair.
+				return c.blameLocked(buf, "read", c.writableLocked())
+			}
+			return c.writableLocked()
+		}
+		c.stats.count(cRDMAReads, 1)
+		return nil
+	}
+	c.queueCtlLocked(ctlMsg{typ: msgCTS, id: e.id, off: e.off, size: uint32(len(buf)), addr: uint64(mr.Addr), rkey: mr.RKey})
+	return nil
+}
+
+// acceptSplitLocked reports whether we take a transfer the sender offered
+// split, reading all of it into dst (acceptSplit, policy.go), dst being in
+// huge pages.
+func (c *Conn) acceptSplitLocked(dst []byte) bool {
+	return acceptSplit(len(dst), c.cfg.SplitMin, c.lastRead.covers(dst), func() bool { return c.dev.nic.Cached(dst) }) &&
+		c.hugeLocked(&c.hugeDst, dst)
+}
+
+// startSplitLocked makes the receive of e into buf (all of it, registered as
+// mr for local and remote write) a split transfer: a cts asks the sender
+// for the tail, and it returns the head, which we RDMA-Read meanwhile.
+func (c *Conn) startSplitLocked(e *rxEntry, buf []byte, mr *nic.MemoryRegion) []byte {
+	n := uint32(len(buf))
+	head := n / 2 &^ uint32(sys.PageSize-1) // SplitMin ≥ two pages: head and tail not empty
+	op := &c.rd
+	op.nt = false // cross-process copies store through the caches
+	op.split, op.tailOff, op.tailLen = true, head, n-head
+	c.stats.count(cSplits, 1)
+	c.queueCtlLocked(ctlMsg{typ: msgCTS, flags: flagSplit, id: e.id, off: head, size: n - head, addr: uint64(mr.Addr) + uint64(head), rkey: mr.RKey})
+	hook(stepSplitCTSSent)
+	return buf[:head]
+}
+
+// ntReadMin is the Read buffer from which direct RDMA Reads write with
+// non-temporal stores (a ReadFull of 16 MiB: all but its last 2 MiB).
+// Large streams gain; smaller Reads, whose data stays in the caches, lost
+// (docs/performance.md, "Non-temporal direct reads").
+const ntReadMin = 2 << 20
+
+// finishRecvLocked ends the receive operation, which completed or was
+// cancelled, and returns how many bytes it put into the Read's buffer.
+func (c *Conn) finishRecvLocked() (int, error) {
+	op := c.rd
+	c.rd = recvOp{}
+	if op.mr != nil && !c.torn {
+		c.dev.nic.Deregister(op.mr)
+	}
+	if op.err != nil {
+		if c.err != nil {
+			return 0, c.err
+		}
+		return 0, op.err
+	}
+	if op.cancelled {
+		c.releaseStageLocked()
+		return 0, nil
+	}
+	e := &c.rx[c.rxHead]
+	e.off += op.n
+	if op.direct {
+		c.stats.count(cBytesDirect, uint64(op.n))
+		if op.nt {
+			c.stats.count(cBytesDirectNT, uint64(op.n))
+		}
+		return int(op.n), nil
+	}
+	c.stats.count(cBytesStaged, uint64(op.n))
+	c.staged = c.stage[:op.n]
+	return 0, nil
+}
+
+// abandonRecvLocked revokes a sink the sender will not serve (the
+// connection failed or is closing) and returns why.
+func (c *Conn) abandonRecvLocked() error {
+	op := c.rd
+	c.rd = recvOp{}
+	if op.mr != nil && !c.torn {
+		c.dev.nic.Deregister(op.mr)
+	}
+	if !op.direct && c.stage != nil {
+		c.dev.dropTemp(c.stage) // it may still be written: never reuse it
+		c.stage, c.staged = nil, nil
+	}
+	switch {
+	case c.closed:
+		return net.ErrClosed
+	case c.err != nil:
+		return c.err
+	}
+	return &resetError{reason: "peer gone"}
+}
+
+// releaseStageLocked gives the staging buffer back when it is idle.
+func (c *Conn) releaseStageLocked() {
+	if c.stage != nil && len(c.staged) == 0 && !c.rd.active && !c.torn {
+		c.dev.putTemp(c.stage)
+		c.stage = nil
+	}
+}
