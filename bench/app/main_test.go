@@ -174,3 +174,33 @@ func TestInterleave(t *testing.T) {
 		t.Error("fail after the run was cancelled went on")
 	}
 }
+
+// Sixteen net/http clients at once over each transport, for seconds, as
+// in the suite: no request may hang (each slice has sliceMax to finish).
+// This is the load under which a wake-up design that passed every other
+// test lost wake-ups: every waiter of a process asleep with work pending.
+func TestHTTPConcurrentClients(t *testing.T) {
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	err := run(ctx, &out, []string{"-cases", "http", "-rounds", "4", "-slice", "1s", "-warm", "100ms",
+		"-http", "1024", "-clients", "16"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, notes := parseRows(t, out.Bytes())
+	if len(notes) > 0 {
+		t.Errorf("notes: %q", notes)
+	}
+	var got []string
+	for _, row := range rows {
+		for _, r := range row {
+			if r.Metric == metricRate {
+				got = append(got, r.Transport)
+			}
+		}
+	}
+	if strings.Join(got, ",") != "http/sandirect,http/unix,http/tcp" {
+		t.Errorf("rate rows for %v, want http/sandirect, http/unix and http/tcp", got)
+	}
+}
