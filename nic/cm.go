@@ -321,8 +321,15 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 	}
 	key := knownKey{addr: conn.RemoteAddr().String(), hello: string(opts.PrivateData)}
 	if opts.Early {
-		if kp := d.knownFor(key, pid, uid); kp != nil {
-			return d.dialEarly(conn, opts, seg, capacity, kp) // known.go
+		reserved := d.reserveEarly() // known.go
+		if testHookEarlyReserve != nil {
+			testHookEarlyReserve(reserved)
+		}
+		if reserved {
+			if kp := d.knownFor(key, pid, uid); kp != nil {
+				return d.dialEarly(conn, opts, seg, capacity, kp)
+			}
+			d.earlyOut.Add(-1)
 		}
 	}
 	qp, err := d.dialSegment(conn, opts, seg, capacity)

@@ -142,6 +142,9 @@ type Device struct {
 	cache  *pin.Cache   // pins registered memory; nil with NoPinning
 	hub    *shm.Hub     // how peers wake our waiting goroutines; shared with them
 
+	// earlyOut counts early dials whose reply has not come yet (known.go).
+	earlyOut atomic.Int32
+
 	mu   sync.Mutex                     // guards regs, free, memSegs, qps, closed; before QP and CQ locks
 	regs []atomic.Pointer[MemoryRegion] // by table index; read without mu
 	free []int                          // free table indices

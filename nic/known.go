@@ -140,7 +140,41 @@ func (d *Device) sweepKnownLocked(now time.Time, next *time.Duration) []*knownPe
 // dialEarly builds the queue pair of a dial to the listener that gave
 // kp, sends the hello, and returns: the connection reader takes the
 // reply. It owns seg and kp's references.
+// The caller holds one of maxEarlyOut (reserveEarly) until takeReply.
 func (d *Device) dialEarly(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, kp *knownPeer) (*QueuePair, error) {
+	qp, err := d.dialEarlyOut(conn, opts, seg, capacity, kp)
+	if err != nil {
+		d.earlyOut.Add(-1)
+	}
+	return qp, err
+}
+
+// maxEarlyOut bounds a device's early dials in flight: a dial beyond it
+// waits for its reply, as a first dial does. A process that dials
+// thousands at once would otherwise have the listener run as many
+// handshakes at once, and their system calls, among that many runnable
+// goroutines, each take an OS thread from the Go scheduler
+// (docs/setup.md).
+const maxEarlyOut = 16
+
+// testHookEarlyReserve, if set, sees each early dial's reservation.
+var testHookEarlyReserve func(reserved bool)
+
+// reserveEarly takes one of the device's maxEarlyOut early dials, if one
+// is free.
+func (d *Device) reserveEarly() bool {
+	for {
+		n := d.earlyOut.Load()
+		if n >= maxEarlyOut {
+			return false
+		}
+		if d.earlyOut.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+func (d *Device) dialEarlyOut(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, kp *knownPeer) (*QueuePair, error) {
 	if err := d.sendHello(conn, opts, seg, capacity); err != nil {
 		seg.Close()
 		releaseImport(kp.tseg)
@@ -174,6 +208,7 @@ func (qp *QueuePair) takeReply() error {
 	if kp == nil {
 		return nil
 	}
+	defer qp.dev.earlyOut.Add(-1) // dialEarly's
 	qp.conn.SetReadDeadline(qp.awaitBy)
 	buf := make([]byte, cmRecvSize)
 	n, fds, err := sys.RecvFds(qp.conn, buf, cmMaxFds)

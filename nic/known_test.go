@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -262,5 +263,103 @@ func TestEarlyDialHostileReply(t *testing.T) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// TestEarlyDialsBounded: with maxEarlyOut early dials to a known listener
+// that has not answered yet, the next dial waits for its reply, as a
+// first dial does; it completes once the listener answers, and no early
+// dial is left counted once the replies came.
+func TestEarlyDialsBounded(t *testing.T) {
+	ld := openDevice(t, nil)
+	ln, err := ld.Listen(testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	release := make(chan struct{})
+	accepted := make(chan acceptResult, maxEarlyOut+2)
+	go func() {
+		first := true
+		for {
+			p, err := ln.AcceptPending()
+			if err != nil {
+				return
+			}
+			if !first {
+				<-release // the listener answers nothing more until released
+			}
+			first = false
+			qp, err := p.Handshake(QPOptions{SendCQ: ld.NewCQ(), RecvCQ: ld.NewCQ(), Answer: func(b []byte) ([]byte, error) { return b, nil }})
+			accepted <- acceptResult{qp, err}
+		}
+	}()
+	d := openDevice(t, nil)
+	opts := func() QPOptions {
+		return QPOptions{SendCQ: d.NewCQ(), RecvCQ: d.NewCQ(), PrivateData: []byte("hello"), Early: true, Timeout: time.Minute}
+	}
+	var qps []*QueuePair
+	defer func() {
+		for _, q := range qps {
+			q.Close()
+		}
+	}()
+	dial := func() *QueuePair {
+		qp, err := d.Dial(ln.Addr().String(), opts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		qps = append(qps, qp)
+		return qp
+	}
+	dial() // learns the answer
+	for i := range maxEarlyOut {
+		if !dial().Early() {
+			t.Fatalf("dial %d of %d to a known listener: not early", i+1, maxEarlyOut)
+		}
+	}
+	reserved := make(chan bool, 1)
+	testHookEarlyReserve = func(r bool) { reserved <- r }
+	defer func() { testHookEarlyReserve = nil }()
+	last := make(chan *QueuePair, 1)
+	go func() {
+		qp, err := d.Dial(ln.Addr().String(), opts())
+		if err != nil {
+			t.Error(err)
+		}
+		last <- qp
+	}()
+	if <-reserved {
+		t.Fatalf("an early dial beyond the %d in flight", maxEarlyOut)
+	}
+	close(release)
+	qp := <-last
+	if qp == nil {
+		t.FailNow()
+	}
+	qps = append(qps, qp)
+	if qp.Early() {
+		t.Fatal("the dial beyond the bound is early")
+	}
+	for range maxEarlyOut + 2 {
+		if r := <-accepted; r.err != nil {
+			t.Fatal(r.err)
+		} else {
+			defer r.qp.Close()
+		}
+	}
+	// Every reply has been sent; the connection readers give the
+	// reservations back as they take them.
+	deadline := time.Now().Add(time.Minute)
+	for d.earlyOut.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d early dials still counted after every reply was sent", d.earlyOut.Load())
+		}
+		runtime.Gosched()
+	}
+	for _, q := range qps {
+		if err := q.Err(); err != nil {
+			t.Fatalf("a queue pair failed: %v", err)
+		}
 	}
 }
