@@ -146,24 +146,29 @@ func BenchmarkPingPong(b *testing.B) {
 	for _, tr := range benchTransports {
 		for _, size := range []int{8, 64, 4096, 64 << 10} {
 			b.Run(fmt.Sprintf("transport=%s/size=%s", tr, sizeName(size)), func(b *testing.B) {
-				c := benchServer(b, tr, "echo")()
-				defer c.Close()
-				buf := make([]byte, size)
-				b.SetBytes(int64(2 * size))
-				b.ReportAllocs()
-				b.ResetTimer()
-				for b.Loop() {
-					if _, err := c.Write(buf); err != nil {
-						b.Fatal(err)
-					}
-					if _, err := io.ReadFull(c, buf); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/half-rtt")
+				pingPong(b, tr, size)
 			})
 		}
 	}
+}
+
+// pingPong writes size bytes to an echo server over tr and reads them
+// back, b.N times; it reports half the round trip.
+func pingPong(b *testing.B, tr string, size int) {
+	c := benchServer(b, tr, "echo")()
+	defer c.Close()
+	buf := make([]byte, size)
+	b.SetBytes(int64(2 * size))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/half-rtt")
 }
 
 // BenchmarkStream measures one-way streaming of size-byte writes to

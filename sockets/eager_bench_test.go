@@ -26,20 +26,7 @@ func BenchmarkEager(b *testing.B) {
 	for _, size := range []int{4 << 10, 16 << 10, 64 << 10, 128 << 10, 256 << 10} {
 		for _, tr := range []string{"adaptive", "adaptive-rdv", "busy", "busy-rdv"} {
 			b.Run(fmt.Sprintf("case=pingpong/transport=%s/size=%s", tr, sizeName(size)), func(b *testing.B) {
-				c := benchServer(b, tr, "echo")()
-				defer c.Close()
-				buf := make([]byte, size)
-				b.SetBytes(int64(2 * size))
-				b.ReportAllocs()
-				for b.Loop() {
-					if _, err := c.Write(buf); err != nil {
-						b.Fatal(err)
-					}
-					if _, err := io.ReadFull(c, buf); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/half-rtt")
+				pingPong(b, tr, size) // bench_test.go
 			})
 			b.Run(fmt.Sprintf("case=stream/transport=%s/size=%s", tr, sizeName(size)), func(b *testing.B) {
 				c := benchServer(b, tr, "sink")()
