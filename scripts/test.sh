@@ -81,7 +81,7 @@ gotest "reliability campaign (short)" -timeout 15m -run '^TestCampaign' "$@"
 # The lock ranks of docs/locking.md, checked at every Lock (internal/lockrank):
 # a lock taken out of order panics.
 echo "== lock ranks"
-go test -tags lockrank -count=1 -skip '^TestCampaign' ./shm/... ./pin/... ./nic/... ./sockets/...
+go test -tags lockrank -count=1 -skip '^TestCampaign' ./shm/... ./internal/bpfmon/... ./pin/... ./nic/... ./sockets/...
 
 # The modules of their own, whose dependencies (gonum/plot, gRPC) stay out
 # of the library's go.mod: the report's plotting, the bench's app suite,

@@ -30,6 +30,9 @@ const (
 	PinCache        Rank = 40 // pin.Cache.mu
 	PinCaches       Rank = 41 // pin caches.mu
 	PinOwned        Rank = 41 // pin owned.mu, never held with caches.mu
+	MonitorLife     Rank = 45 // internal/bpfmon.Monitor.lifeMu
+	MonitorDrain    Rank = 46 // internal/bpfmon.Monitor.drainMu
+	MonitorCtl      Rank = 46 // internal/bpfmon.Monitor.ctlMu, never held with drainMu
 	NICDevice       Rank = 50 // nic.Device.mu
 	NICPending      Rank = 51 // nic.Pending.mu
 	CQWait          Rank = 55 // nic.CompletionQueue.waitMu
@@ -57,6 +60,8 @@ var names = map[Rank]string{
 	Buffers:         "sockets.buffers.mu",
 	PinCache:        "pin.Cache.mu",
 	PinCaches:       "pin.caches.mu or pin.owned.mu",
+	MonitorLife:     "bpfmon.Monitor.lifeMu",
+	MonitorDrain:    "bpfmon.Monitor.drainMu or ctlMu",
 	NICDevice:       "nic.Device.mu",
 	NICPending:      "nic.Pending.mu",
 	CQWait:          "nic.CompletionQueue.waitMu",
