@@ -8,9 +8,9 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
@@ -144,8 +144,8 @@ type Pending struct {
 	d    *Device
 	conn *net.UnixConn
 
-	mu             sync.Mutex // guards handed, closed
-	handed, closed bool       // the queue pair owns conn; Close closed it
+	mu             lockrank.Mutex // guards handed, closed
+	handed, closed bool           // the queue pair owns conn; Close closed it
 }
 
 // AcceptPending waits for a connection and returns it before its
@@ -160,7 +160,9 @@ func (l *Listener) AcceptPending() (*Pending, error) {
 		}
 		return nil, fmt.Errorf("nic: accept: %w", err)
 	}
-	return &Pending{d: l.d, conn: conn}, nil
+	p := &Pending{d: l.d, conn: conn}
+	p.mu.Init(lockrank.NICPending)
+	return p, nil
 }
 
 // Handshake completes the connection's handshake, as Accept does. On
@@ -522,6 +524,11 @@ func (d *Device) attachQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpF
 		in:         in,
 		readerDone: make(chan struct{}),
 	}
+	qp.sqMu.Init(lockrank.QPSend)
+	qp.rqMu.Init(lockrank.QPRecv)
+	qp.connMu.Init(lockrank.QPConn)
+	qp.peer.segMu.Init(lockrank.PeerSegments)
+	qp.retireMu.Init(lockrank.QPRetire)
 	qp.inlineMax = min(d.attr.MaxInline, out.MaxPayload())
 	qp.peer.table = table
 	qp.peer.tableSeg = tseg

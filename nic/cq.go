@@ -2,10 +2,10 @@ package nic
 
 import (
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -58,7 +58,7 @@ func (c *Completion) Err() error {
 type CompletionQueue struct {
 	dev *Device
 
-	mu sync.Mutex // guards q, head; never held while calling into a QP
+	mu lockrank.Mutex // guards q, head; never held while calling into a QP
 	q  []Completion
 	hd int
 	n  atomic.Int32 // len(q) - hd, for pollers that look without the lock
@@ -72,7 +72,7 @@ type CompletionQueue struct {
 	// the rings' doorbells, this process through wakeWaiter.
 	waiter atomic.Pointer[shm.Waiter]
 
-	waitMu sync.Mutex // serializes waiters; guards ws, wsQPs, strat, look
+	waitMu lockrank.Mutex // serializes waiters; guards ws, wsQPs, strat, look
 	ws     shm.WaitSet
 	wsQPs  []*QueuePair
 	strat  shm.WaitStrategy
@@ -83,6 +83,8 @@ type CompletionQueue struct {
 // NewCQ creates a completion queue.
 func (d *Device) NewCQ() *CompletionQueue {
 	cq := &CompletionQueue{dev: d, strat: shm.NewWaitStrategy(d.cfg.Wait)}
+	cq.mu.Init(lockrank.CQ)
+	cq.waitMu.Init(lockrank.CQWait)
 	cq.qps.Store(new([]*QueuePair))
 	cq.sqps.Store(new([]*QueuePair))
 	cq.look.cq = cq

@@ -5,10 +5,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/pin"
@@ -145,7 +145,7 @@ type Device struct {
 	// earlyOut counts early dials whose reply has not come yet (known.go).
 	earlyOut atomic.Int32
 
-	mu   sync.Mutex                     // guards regs, free, memSegs, qps, closed; before QP and CQ locks
+	mu   lockrank.Mutex                 // guards regs, free, memSegs, qps, closed; before QP and CQ locks
 	regs []atomic.Pointer[MemoryRegion] // by table index; read without mu
 	free []int                          // free table indices
 	// remote lists the regions with remote access pinned through each
@@ -237,6 +237,7 @@ func Open(cfg *Config) (*Device, error) {
 		memSegs: map[uint32]*memSegment{},
 		qps:     map[*QueuePair]struct{}{},
 	}
+	d.mu.Init(lockrank.NICDevice)
 	for i := c.MaxRegions - 1; i >= 0; i-- {
 		d.free = append(d.free, i)
 	}

@@ -1,8 +1,9 @@
 package nic
 
 import (
-	"sync"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/lockrank"
 )
 
 // engine is a device's background executor: it runs queued work requests
@@ -18,7 +19,7 @@ import (
 // This is how UCX and libfabric's shm provider progress too — in the
 // caller's thread, as it polls; the engine is for work nobody polls for.
 type engine struct {
-	mu      sync.Mutex // guards ready, aside, stopped and every QueuePair.inEngine
+	mu      lockrank.Mutex // guards ready, aside, stopped and every QueuePair.inEngine
 	ready   []*QueuePair
 	aside   []*QueuePair // yielded to pollers: looked at again later
 	stopped bool
@@ -41,6 +42,7 @@ const engineYieldMax = time.Millisecond
 
 func newEngine(d *Device) *engine {
 	e := &engine{kick: make(chan struct{}, 1), done: make(chan struct{})}
+	e.mu.Init(lockrank.Engine)
 	go e.run()
 	return e
 }

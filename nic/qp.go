@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	imem "github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
@@ -90,7 +91,7 @@ type peerInfo struct {
 	table    peerTable
 	tableSeg *shm.Segment
 
-	segMu      sync.Mutex // guards segs, segChanged
+	segMu      lockrank.Mutex // guards segs, segChanged
 	segs       map[uint32]*shm.Segment
 	segChanged chan struct{} // closed and replaced when segs grows
 }
@@ -102,7 +103,7 @@ type QueuePair struct {
 	dev            *Device
 	sendCQ, recvCQ *CompletionQueue
 	conn           *net.UnixConn
-	connMu         sync.Mutex // serializes writes to conn
+	connMu         lockrank.Mutex // serializes writes to conn
 	seg            *shm.Segment
 	out            *shm.Producer
 	in             *shm.Consumer
@@ -112,7 +113,7 @@ type QueuePair struct {
 	peer           peerInfo
 
 	// Lock order: sqMu, then rqMu, then CQ locks.
-	sqMu     sync.Mutex // guards sq, queued, closed, out; held while an op runs
+	sqMu     lockrank.Mutex // guards sq, queued, closed, out; held while an op runs
 	sq       []*sendOp
 	sqLen    atomic.Int32 // len(sq), for pollers that look without the lock
 	queued   bool         // has work for the engine (on its list, or to be)
@@ -123,7 +124,7 @@ type QueuePair struct {
 	polledAt atomic.Int64
 	closed   bool // mappings released (also guarded by rqMu: both held to set)
 
-	rqMu   sync.Mutex // guards rq, rqHead, in
+	rqMu   lockrank.Mutex // guards rq, rqHead, in
 	rq     []postedRecv
 	rqHead int
 	// rqAny tells pollers that look without the lock whether a receive
@@ -134,7 +135,7 @@ type QueuePair struct {
 	state     atomic.Uint32
 	reason    atomic.Pointer[error]
 	closeOnce sync.Once
-	retireMu  sync.Mutex
+	retireMu  lockrank.Mutex
 	retiring  int                 // unmaps of segments the peer freed, under way
 	retired   chan struct{}       // closed when retiring drops to 0
 	announced map[uint32]struct{} // our memory segments the peer has; under connMu

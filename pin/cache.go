@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/sys"
 )
 
@@ -27,10 +28,10 @@ type Cache struct {
 	monReady chan struct{}
 
 	// mu guards every field below and every entry's fields (but invalid).
-	// Lock order: mu, then ownedMu (read). Hooks run under mu. No goroutine
+	// Lock order: mu (lockrank.PinCache), then owned.mu (read). Hooks run under mu. No goroutine
 	// unmaps memory while holding mu, so a monitor that blocks unmapping
 	// threads never waits for it.
-	mu       sync.Mutex
+	mu       lockrank.Mutex
 	closed   bool
 	applied  uint64 // the last monitor epoch applied to the index
 	idx      index
@@ -53,6 +54,7 @@ func New(cfg *Config) (*Cache, error) {
 	}
 	c0 = c0.withDefaults()
 	c := &Cache{cfg: c0, hooks: c0.Hooks, done: make(chan struct{})}
+	c.mu.Init(lockrank.PinCache)
 	c.lru.init()
 	c.others.init()
 	c.pins.unwatch = c.unwatchFree

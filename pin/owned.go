@@ -5,20 +5,27 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // owned is the registry of memory handed out by Alloc.
 var owned struct {
-	mu sync.RWMutex // guards lo, hi; taken after any Cache.mu
-	lo []uintptr    // sorted starts of live allocations
-	hi []uintptr    // their ends (page aligned)
+	mu lockrank.RWMutex // guards lo, hi; taken after any Cache.mu
+	lo []uintptr        // sorted starts of live allocations
+	hi []uintptr        // their ends (page aligned)
 }
 
 // caches is the set of open caches, which Free invalidates.
 var caches struct {
-	mu  sync.Mutex // guards set; never held while calling into a Cache
+	mu  lockrank.Mutex // guards set; never held while calling into a Cache
 	set map[*Cache]struct{}
+}
+
+// The registries' locks are ranked before any goroutine can take them.
+func init() {
+	owned.mu.Init(lockrank.PinOwned)
+	caches.mu.Init(lockrank.PinCaches)
 }
 
 func registerCache(c *Cache) {

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/sys"
 )
 
@@ -43,8 +44,8 @@ type Hub struct {
 	pend unsafe.Pointer // hubSlots/64 pending words
 	self *Notifier      // this hub, for wakers in this process
 
-	mu      sync.Mutex // guards waiters, free
-	waiters []*Waiter  // by slot; nil for a free slot
+	mu      lockrank.Mutex // guards waiters, free; lockrank.Hub, after any lock of the library
+	waiters []*Waiter      // by slot; nil for a free slot
 	free    []uint32
 
 	done chan struct{} // closed when the dispatcher has returned
@@ -72,6 +73,7 @@ func NewHub() (*Hub, error) {
 		return nil, fmt.Errorf("shm: wake hub: pipe: %w", err)
 	}
 	h := &Hub{seg: seg, rfd: rfd, wfd: wfd, done: make(chan struct{})}
+	h.mu.Init(lockrank.Hub)
 	h.look = h.lookOnPipe
 	// The pipe is non-blocking, so os.NewFile puts it in the netpoller.
 	h.file = os.NewFile(uintptr(rfd), "sandirect-wake")

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -15,11 +16,14 @@ import (
 // copy out of it. The count is the process's (runtime.MemStats), and the
 // statistics publisher allocates in the background every 100 ms: a run
 // of rounds counts if it saw no allocation at all, and one of a few runs
-// must. Under the race detector, whose instrumentation allocates, it is
-// skipped.
+// must. Under the race detector, whose instrumentation allocates, and the
+// lock-rank checker, whose bookkeeping does, it is skipped.
 func TestSmallIOAllocates(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
+	}
+	if lockrank.Enabled {
+		t.Skip("the lock-rank checker allocates")
 	}
 	def := DefaultConfig()
 	sizes := []int{1, 64, 1024, def.BufferSize - headerSize, def.EagerThreshold}

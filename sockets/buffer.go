@@ -3,8 +3,8 @@ package sockets
 import (
 	"fmt"
 	"net"
-	"sync"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/mem"
 )
 
@@ -21,9 +21,11 @@ import (
 // a plain Write.
 
 var buffers struct {
-	mu sync.Mutex
+	mu lockrank.Mutex
 	m  map[uintptr]bufferOwner // by the address of the first byte
 }
+
+func init() { buffers.mu.Init(lockrank.Buffers) }
 
 type bufferOwner struct {
 	dev *device // nil: ordinary memory (the connection is not ours)
@@ -84,27 +86,36 @@ func FreeBuffer(b []byte) error {
 	if len(b) == 0 {
 		return fmt.Errorf("sockets: FreeBuffer of an empty slice")
 	}
-	addr := bufferAddr(b)
 	buffers.mu.Lock()
-	defer buffers.mu.Unlock()
+	dev, err := freeBufferLocked(bufferAddr(b))
+	buffers.mu.Unlock()
+	// The device's hold goes after buffers.mu: devices.mu comes before it.
+	if dev != nil {
+		dev.release()
+	}
+	return err
+}
+
+// freeBufferLocked frees the buffer at addr and forgets it, returning the
+// device whose hold it had, for the caller to release.
+func freeBufferLocked(addr uintptr) (*device, error) {
 	o, ok := buffers.m[addr]
 	if !ok {
-		return fmt.Errorf("sockets: FreeBuffer of memory not from AllocBuffer")
+		return nil, fmt.Errorf("sockets: FreeBuffer of memory not from AllocBuffer")
 	}
 	if o.dev != nil {
 		// Registrations the cache keeps of it go first (the nic frees no
 		// memory a region still covers) — unless a write from it is in
 		// flight: revoking its registration would fail that write.
 		if cache := o.dev.nic.Cache(); cache != nil && !cache.InvalidateIdle(addr, uintptr(len(o.buf))) {
-			return fmt.Errorf("sockets: FreeBuffer: a write from the buffer is in flight")
+			return nil, fmt.Errorf("sockets: FreeBuffer: a write from the buffer is in flight")
 		}
 		if err := o.dev.nic.Free(o.buf); err != nil {
-			return fmt.Errorf("sockets: FreeBuffer: %w", err)
+			return nil, fmt.Errorf("sockets: FreeBuffer: %w", err)
 		}
-		o.dev.release()
 	}
 	delete(buffers.m, addr)
-	return nil
+	return o.dev, nil
 }
 
 func bufferAddr(b []byte) uintptr { return mem.Addr(b) }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/nic"
@@ -33,7 +34,7 @@ type Conn struct {
 	// Lock order: rmu, then wmu, then mu, then the device's and the
 	// nic's locks. rmu is held by Read for its whole call, wmu by Write
 	// and CloseWrite.
-	rmu, wmu sync.Mutex
+	rmu, wmu lockrank.Mutex
 	rdl, wdl deadline
 	closing  chan struct{} // closed by Close
 	kick     atomic.Uint32 // bumped when a waiting poller must look up
@@ -42,14 +43,14 @@ type Conn struct {
 
 	// lendMu serializes WriteTo calls: one lends received data at a time
 	// (copy.go). Lock order: lendMu, then rmu.
-	lendMu sync.Mutex
+	lendMu lockrank.Mutex
 
 	// Bytes the Read (Write) in progress has delivered (accepted) so far,
 	// for the error of a fault in its buffer (fault.go); guarded by rmu
 	// (wmu).
 	readN, writeN int
 
-	mu sync.Mutex // guards everything below
+	mu lockrank.Mutex // guards everything below
 	session
 }
 

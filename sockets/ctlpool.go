@@ -2,8 +2,8 @@ package sockets
 
 import (
 	"fmt"
-	"sync"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/nic"
 )
@@ -17,7 +17,7 @@ import (
 
 // ctlPools is the device's doorbell.
 type ctlPools struct {
-	mu     sync.Mutex // guards everything below
+	mu     lockrank.Mutex // guards everything below
 	bell   []byte
 	bellMR *nic.MemoryRegion // nil until the first connection
 	closed bool

@@ -4,11 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/nic"
 	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/shm"
@@ -35,7 +35,7 @@ type device struct {
 	idle   *time.Timer // closes the device deviceLinger after refs reached 0; guarded by devices.mu
 	closed bool        // left devices.m for good; guarded by devices.mu
 
-	mu        sync.Mutex // guards free, slabs, allocated; after Conn.mu
+	mu        lockrank.Mutex // guards free, slabs, allocated; after Conn.mu
 	free      [tempClasses][][]byte
 	slabs     [][]byte
 	allocated int
@@ -52,9 +52,11 @@ const (
 )
 
 var devices struct {
-	mu sync.Mutex // guards m and every device's refs
+	mu lockrank.Mutex // guards m and every device's refs
 	m  map[devKey]*device
 }
+
+func init() { devices.mu.Init(lockrank.Devices) }
 
 // deviceLinger is how long a device stays open once no connection or
 // listener holds it: a process that dials per request, or a pool that
@@ -101,6 +103,9 @@ func acquireDevice(cfg *Config) (*device, error) {
 	}
 	devicesOpened.Add(1)
 	d := &device{key: key, nic: nd, refs: 1}
+	d.mu.Init(lockrank.Device)
+	d.ctl.mu.Init(lockrank.CtlPools)
+	d.pieces.mu.Init(lockrank.PieceCopier)
 	if devices.m == nil {
 		devices.m = map[devKey]*device{}
 	}

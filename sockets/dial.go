@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/nic"
 )
 
@@ -156,9 +156,11 @@ var noListener = negativeCache{ttl: noListenerTTL}
 // concurrent use.
 type negativeCache struct {
 	ttl time.Duration
-	mu  sync.Mutex           // guards m
+	mu  lockrank.Mutex       // guards m
 	m   map[string]time.Time // name → when the answer expires
 }
+
+func init() { noListener.mu.Init(lockrank.NegativeCache) }
 
 // negativeCacheMax bounds the names remembered; past it the expired ones
 // go, and if none has, all of them.

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/nic"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -141,6 +142,10 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		closing: make(chan struct{}), tornDown: make(chan struct{}),
 		owner: nic.Owner(nextOwner.Add(1)),
 	}
+	c.lendMu.Init(lockrank.ConnLend)
+	c.rmu.Init(lockrank.ConnRead)
+	c.wmu.Init(lockrank.ConnWrite)
+	c.mu.Init(lockrank.Conn)
 	c.stats.register()
 	cq.SetWait(cfg.Wait) // the nic's waits are the connection's
 	c.dialer = dialer

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/nic"
 )
 
@@ -41,6 +42,7 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
 	}
 	l := &Listener{cfg: cfg, netw: network, conns: make(chan net.Conn), done: make(chan struct{})}
+	l.pmu.Init(lockrank.ListenerPending)
 	var name string
 	switch network {
 	case "sandirect":
@@ -167,7 +169,7 @@ type Listener struct {
 	once  sync.Once
 	wg    sync.WaitGroup // accept loops and handshakes
 
-	pmu     sync.Mutex                // guards pending
+	pmu     lockrank.Mutex            // guards pending
 	pending map[*nic.Pending]struct{} // nic handshakes in progress; Close ends them
 }
 

@@ -1,8 +1,9 @@
 package sockets
 
 import (
-	"sync"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/lockrank"
 )
 
 // pieceCopier copies the pieces of copied rendezvous into temporary memory
@@ -27,7 +28,7 @@ import (
 // way with the lower cost per byte is used, and every copierRetry the
 // other gets a run of warmBytes+trialBytes.
 type pieceCopier struct {
-	mu    sync.Mutex
+	mu    lockrank.Mutex
 	rate  [2]float64   // moving average, bytes per ns: [0] copy, [1] non-temporal
 	tried [2]time.Time // when each way's last run began
 	way   int          // the way of the last piece

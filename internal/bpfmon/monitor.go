@@ -19,6 +19,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/sandirect/sandirect/internal/feature"
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/sys"
 )
 
@@ -45,7 +46,7 @@ type Monitor struct {
 	// lifeMu guards the mappings and maps against Close: every method that
 	// touches them holds it for reading, Close for writing. Lock order:
 	// lifeMu, then drainMu or ctlMu.
-	lifeMu sync.RWMutex
+	lifeMu lockrank.RWMutex
 	closed bool // guarded by lifeMu
 
 	links    []link.Link
@@ -61,7 +62,7 @@ type Monitor struct {
 	watchAll  *uint64
 	waiters   *uint64
 
-	drainMu sync.Mutex // guards the ring's consumer position
+	drainMu lockrank.Mutex // guards the ring's consumer position
 	ring    *ring
 	synced  atomic.Uint64
 
@@ -69,7 +70,7 @@ type Monitor struct {
 	waitConn syscall.RawConn
 	closing  atomic.Bool // set by Close before it closes waitFile
 
-	ctlMu       sync.Mutex        // guards granuleRefs and the updates of pids and granules
+	ctlMu       lockrank.Mutex    // guards granuleRefs and the updates of pids and granules
 	granuleRefs map[uint64]uint32 // watched granule → Watch count
 	maxGranules int
 }
@@ -140,6 +141,9 @@ func Open(cfg *Config) (*Monitor, error) {
 		events: maps.Events, state: maps.State, pids: maps.Pids, granules: maps.Granules,
 		granuleRefs: make(map[uint64]uint32), maxGranules: c.MaxGranules,
 	}
+	m.lifeMu.Init(lockrank.MonitorLife)
+	m.drainMu.Init(lockrank.MonitorDrain)
+	m.ctlMu.Init(lockrank.MonitorCtl)
 	ok := false
 	defer func() {
 		if !ok {
