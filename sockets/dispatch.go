@@ -265,12 +265,20 @@ func (c *Conn) onCTSLocked(h *header) {
 		c.abortLocked(protoErr("cts for transfer %d, which is not in progress", h.ID()))
 		return
 	}
-	if x.cts || x.writing {
-		c.abortLocked(protoErr("cts for transfer %d while a chunk is in progress", h.ID()))
+	if x.cts {
+		c.abortLocked(protoErr("cts for transfer %d while a cts waits to be served", h.ID()))
 		return
 	}
-	if h.Offset() != x.off || h.Size() > x.size-x.off {
-		c.abortLocked(protoErr("cts chunk [%d, +%d) of transfer %d: %d of %d bytes written", h.Offset(), h.Size(), h.ID(), x.off, x.size))
+	// The next chunk starts where the last one written ends. Our RDMA
+	// Write of it may not have completed here yet: the peer asks for the
+	// next one once our done came, which followed the Write on the queue
+	// pair, so its data has landed.
+	next := x.off
+	if x.writing {
+		next = x.wOff + x.wLen
+	}
+	if h.Offset() != next || h.Size() > x.size-next {
+		c.abortLocked(protoErr("cts chunk [%d, +%d) of transfer %d: %d of %d bytes written", h.Offset(), h.Size(), h.ID(), next, x.size))
 		return
 	}
 	x.cts = true
@@ -429,7 +437,7 @@ func (c *Conn) onRDMALocked(comp *nic.Completion) {
 		if x.read {
 			return // the tail of a split transfer: counted when posted
 		}
-		x.off = x.ctsOff + x.ctsLen
-		c.stats.count(cBytesWriteRdv, uint64(x.ctsLen))
+		x.off = x.wOff + x.wLen
+		c.stats.count(cBytesWriteRdv, uint64(x.wLen))
 	}
 }

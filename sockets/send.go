@@ -437,7 +437,7 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 		if x.cts && !x.writing && c.err == nil && !c.qpDead && !c.closed {
 			// The tail, while the peer reads the head.
 			if c.serveCTSLocked(x, flagSplit, stepBeforeTail, stepNone) {
-				c.stats.count(cBytesSplitTail, uint64(x.ctsLen))
+				c.stats.count(cBytesSplitTail, uint64(x.wLen))
 				x.tailSent = true
 			}
 			continue
@@ -478,6 +478,7 @@ func (c *Conn) serveCTSLocked(x *txfer, flags uint8, before, after step) bool {
 	wr := nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey}
 	hook(before)
 	x.cts, x.writing = false, true
+	x.wOff, x.wLen = x.ctsOff, x.ctsLen
 	c.mu.Unlock()
 	err := c.qp.PostSend(wr)
 	c.mu.Lock()
@@ -488,7 +489,7 @@ func (c *Conn) serveCTSLocked(x *txfer, flags uint8, before, after step) bool {
 	}
 	c.stats.count(cRDMAWrites, 1)
 	hook(after)
-	c.queueCtlLocked(ctlMsg{typ: msgDone, flags: flags, id: x.id, off: x.ctsOff, size: x.ctsLen})
+	c.queueCtlLocked(ctlMsg{typ: msgDone, flags: flags, id: x.id, off: x.wOff, size: x.wLen})
 	return true
 }
 

@@ -206,6 +206,7 @@ type txfer struct {
 	ctsKey         uint64
 	off            uint32 // bytes written
 	writing        bool   // an RDMA Write is in flight
+	wOff, wLen     uint32 // its chunk (a cts for the next may come first)
 	werr           error
 	// split transfer (a zero-copy read rendezvous offered with flagSplit):
 	// the peer may ask for one tail with a cts, which we then write.
