@@ -173,13 +173,16 @@ func (c *Cache) startAuto() {
 	c.epoch = c.mon.epoch()
 	c.report = MonitorReport{Kind: MonitorOwned, Starting: true}
 	go func() {
-		defer close(c.monReady)
 		m, rep, err := startMonitor(MonitorAuto, c.cfg.MaxBacklog)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		// Ready is told under mu, with the adoption (deferred calls run
+		// last first): a registration that finds the new monitor finds
+		// monReady closed too.
+		defer close(c.monReady)
 		if err != nil { // Owned and None always start: not reached
 			return
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
 		if c.closed {
 			m.close()
 			return
