@@ -339,15 +339,7 @@ func (c *Conn) sendTempLocked(t []byte, k int) (int, bool, error) {
 	c.stats.count(cRegisters, 1)
 	x := &txfer{read: read, size: uint32(size), src: t[inline:k], temp: t, mr: mr, id: c.nextTx}
 	c.nextTx++
-	var h header
-	h.SetType(msgRTS)
-	h.SetID(x.id)
-	h.SetSize(x.size)
-	if read {
-		h.SetFlags(flagRead)
-		h.SetAddr(uint64(mr.Addr))
-		h.SetRKey(mr.RKey)
-	}
+	h := c.rtsHeaderLocked(x, read) // send.go; a copied source is never split
 	if err := c.sendLocked(&h, t[:inline]); err != nil {
 		c.dev.nic.Deregister(mr)
 		c.nextTx--
