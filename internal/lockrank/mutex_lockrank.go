@@ -12,76 +12,67 @@ import (
 // Enabled reports whether the build checks lock ranks (-tags lockrank).
 const Enabled = true
 
-// Mutex is a sync.Mutex with a rank, checked at every Lock.
-type Mutex struct {
-	mu     sync.Mutex
+// ranked is what a checked lock keeps besides the lock itself: its rank,
+// and the goroutine that holds it for writing (an Unlock may come from
+// another).
+type ranked struct {
 	rank   Rank
-	holder int64 // the goroutine holding mu, for an Unlock by another
+	holder int64
 }
 
-// Init gives m its rank; it is called once, before m is first locked.
-func (m *Mutex) Init(r Rank) { m.rank = r }
+// Init gives the lock its rank; it is called once, before it is first
+// locked.
+func (r *ranked) Init(rank Rank) { r.rank = rank }
 
-// Lock checks the order before it may block, so that a lock taken out of
-// order is reported rather than left to deadlock.
-func (m *Mutex) Lock() {
-	if m.rank == Unranked {
-		m.mu.Lock()
+// lock checks the order before l may block, so that a lock taken out of
+// order is reported rather than left to deadlock; m names the lock.
+func (r *ranked) lock(l sync.Locker, m any) {
+	if r.rank == Unranked {
+		l.Lock()
 		return
 	}
 	g := goid()
-	check(g, m.rank)
-	m.mu.Lock()
-	m.holder = g
-	hold(g, m.rank, m)
+	check(g, r.rank)
+	l.Lock()
+	r.holder = g
+	hold(g, r.rank, m)
 }
 
-// Unlock unlocks m, which may have been locked by another goroutine.
-func (m *Mutex) Unlock() {
-	if m.rank == Unranked {
-		m.mu.Unlock()
+// unlock unlocks l, which may have been locked by another goroutine.
+func (r *ranked) unlock(l sync.Locker, m any) {
+	if r.rank == Unranked {
+		l.Unlock()
 		return
 	}
-	g := m.holder
-	m.holder = 0
-	m.mu.Unlock()
+	g := r.holder
+	r.holder = 0
+	l.Unlock()
 	release(g, m)
 }
+
+// Mutex is a sync.Mutex with a rank, checked at every Lock.
+type Mutex struct {
+	mu sync.Mutex
+	ranked
+}
+
+// Lock locks m.
+func (m *Mutex) Lock() { m.lock(&m.mu, m) }
+
+// Unlock unlocks m, which may have been locked by another goroutine.
+func (m *Mutex) Unlock() { m.unlock(&m.mu, m) }
 
 // RWMutex is a sync.RWMutex with a rank, checked at every Lock and RLock.
 type RWMutex struct {
-	mu     sync.RWMutex
-	rank   Rank
-	holder int64 // the writer, for an Unlock by another goroutine
+	mu sync.RWMutex
+	ranked
 }
-
-// Init gives m its rank; it is called once, before m is first locked.
-func (m *RWMutex) Init(r Rank) { m.rank = r }
 
 // Lock locks m for writing.
-func (m *RWMutex) Lock() {
-	if m.rank == Unranked {
-		m.mu.Lock()
-		return
-	}
-	g := goid()
-	check(g, m.rank)
-	m.mu.Lock()
-	m.holder = g
-	hold(g, m.rank, m)
-}
+func (m *RWMutex) Lock() { m.lock(&m.mu, m) }
 
 // Unlock unlocks m for writing.
-func (m *RWMutex) Unlock() {
-	if m.rank == Unranked {
-		m.mu.Unlock()
-		return
-	}
-	g := m.holder
-	m.holder = 0
-	m.mu.Unlock()
-	release(g, m)
-}
+func (m *RWMutex) Unlock() { m.unlock(&m.mu, m) }
 
 // RLock locks m for reading; a reader that already holds m must not take
 // it again either, since a writer waiting in between deadlocks both.
