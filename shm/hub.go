@@ -1,10 +1,12 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,21 +18,24 @@ import (
 )
 
 // A Hub is how goroutines of this process sleep until a peer process, or
-// code of this process, wakes them, without holding an OS thread: each
-// waiting goroutine parks on a Go channel (a Waiter), and one dispatcher
-// goroutine per hub parks in the runtime's netpoller on a pipe. A peer
+// code of this process, wakes them, without holding an OS thread. A peer
 // wakes a waiter by its slot number: it marks the slot in the hub's shared
-// table and writes a byte to the pipe only when the dispatcher announced
-// that it is parked (Notifier.Notify); the dispatcher then readies every
-// marked slot's goroutine, which runs on the dispatcher's thread next. So a
-// process holds one pipe for any number of waiting goroutines, a peer
-// holds one descriptor per hub it wakes, and a wake-up costs a write, a
-// read and a goroutine switch — about what one netpoller wake-up of a
-// socket costs, without a thread per waiter (a futex wait holds one). A
-// pipe, not an eventfd: a pipe's writer wakes its reader as a synchronous
-// wake-up, which lets the kernel run the reader on the writer's CPU as it
-// does for a socket's; an eventfd wakes it where it slept, behind an
-// inter-processor interrupt.
+// table and writes a byte to the hub's pipe when a goroutine announced
+// that it is parked on it (Notifier.Notify). Of the goroutines parked on a
+// hub's waiters, one — the leader — parks in the runtime's netpoller on
+// the pipe, as a goroutine reading a socket does; the others park on their
+// waiter's channel. Woken, the leader takes the marks: its own ends its
+// wait, the others' it passes on; leaving, it hands the pipe to one of
+// them. So a process holds one pipe for any number of waiting goroutines,
+// a peer holds one descriptor per hub it wakes, and when one goroutine
+// waits — a client, a server of one connection — a wake-up costs what a
+// socket's does: one write and the netpoller's wake-up of that goroutine,
+// no second one (a dispatcher goroutine of its own cost a goroutine switch
+// and the wake-up of a second thread). A pipe, not an eventfd: a pipe's
+// writer wakes its reader as a synchronous wake-up, which lets the kernel
+// run the reader on the writer's CPU, as it does for a socket; an eventfd
+// wakes it where it slept, behind an inter-processor interrupt
+// (docs/performance.md).
 //
 // A Hub is safe for concurrent use.
 type Hub struct {
@@ -38,26 +43,42 @@ type Hub struct {
 	file *os.File // the pipe's read end, in the netpoller
 	rc   syscall.RawConn
 	rfd  int // the pipe's read end (file's)
-	wfd  int // its write end: this process's, and the peers' copies
+	wfd  int // its write end: this process's signals, and the peers' copies
 	bell *uint32
 	sum  unsafe.Pointer // hubSlots/4096 summary words
 	pend unsafe.Pointer // hubSlots/64 pending words
 	self *Notifier      // this hub, for wakers in this process
 
-	mu      lockrank.Mutex // guards waiters, free; lockrank.Hub, after any lock of the library
-	waiters []*Waiter      // by slot; nil for a free slot
-	free    []uint32
+	mu        lockrank.Mutex // guards waiters, free, leader, followers, fileDL, closed; lockrank.Hub, after any lock of the library
+	waiters   []*Waiter  // by slot; nil for a free slot
+	free      []uint32
+	leader    *Waiter   // parked on the pipe, or appointed to; nil: none
+	followers []*Waiter // parked on their channels, in parking order
+	fileDL    time.Time // the pipe's read deadline, as last set
+	closed    bool
+	leaders   sync.WaitGroup // one while there is a leader: Close waits for it
+	once      sync.Once
 
-	done chan struct{} // closed when the dispatcher has returned
-
-	// The dispatcher's own: its look on the pipe, made once, and whether
-	// that look parked.
-	look   func(uintptr) bool
-	parked bool
-	once   sync.Once
+	// The leader's own (handed over under mu with the lead): signals
+	// that may lie in the pipe, unread.
+	debt int
 }
 
-// NewHub creates a hub and starts its dispatcher.
+// hubDrainAfter is how many signals a leader lets the pipe hold before it
+// empties it: a signal is a byte, written only when a waker took an
+// announcement, and the bytes need not be read one by one — every write
+// makes an edge for the netpoller, and the marks in the table, not the
+// bytes, say who is woken. So the pipe is read once in so many wake-ups,
+// not on each (a system call), and never fills (a full pipe would refuse
+// the next signal: 16 pages, or 2 for a user over its pipe quota, hold
+// far more than this).
+const hubDrainAfter = 256
+
+// testHookAnnounced, when set, runs after each of a leader's announcements,
+// before it takes the marks.
+var testHookAnnounced atomic.Pointer[func()]
+
+// NewHub creates a hub.
 func NewHub() (*Hub, error) {
 	seg, err := CreateSegmentLazy("sandirect-wake", KindWake, hubSegmentSize)
 	if err != nil {
@@ -72,9 +93,8 @@ func NewHub() (*Hub, error) {
 		seg.Close()
 		return nil, fmt.Errorf("shm: wake hub: pipe: %w", err)
 	}
-	h := &Hub{seg: seg, rfd: rfd, wfd: wfd, done: make(chan struct{})}
+	h := &Hub{seg: seg, rfd: rfd, wfd: wfd}
 	h.mu.Init(lockrank.Hub)
-	h.look = h.lookOnPipe
 	// The pipe is non-blocking, so os.NewFile puts it in the netpoller.
 	h.file = os.NewFile(uintptr(rfd), "sandirect-wake")
 	if h.rc, err = h.file.SyscallConn(); err != nil {
@@ -87,7 +107,6 @@ func NewHub() (*Hub, error) {
 	h.sum = unsafe.Pointer(&mem[hubSummaryOff])
 	h.pend = unsafe.Pointer(&mem[hubPendingOff])
 	h.self = &Notifier{bell: h.bell, sum: h.sum, pend: h.pend, fd: wfd, local: h}
-	go h.dispatch()
 	return h, nil
 }
 
@@ -98,12 +117,23 @@ func (h *Hub) Fds() (table, event int) { return h.seg.Fd(), h.wfd }
 // Notifier returns a Notifier of this hub for wakers in this process.
 func (h *Hub) Notifier() *Notifier { return h.self }
 
-// Close stops the dispatcher and releases the hub. Waiters must be closed
-// first; a Notifier of the hub in a peer wakes nothing afterwards.
+// ErrHubClosed ends the waits on a hub that was closed under them.
+var ErrHubClosed = errors.New("shm: wake hub closed")
+
+// Close releases the hub; a leader parked on it returns ErrHubClosed. A
+// Notifier of the hub in a peer wakes nothing afterwards.
 func (h *Hub) Close() error {
 	h.once.Do(func() {
-		h.file.Close() // ends the dispatcher's read
-		<-h.done
+		h.mu.Lock()
+		h.closed = true
+		followers := h.followers
+		h.followers = nil
+		h.mu.Unlock()
+		for _, f := range followers {
+			f.post()
+		}
+		h.file.Close()   // ends the leader's read
+		h.leaders.Wait() // the table is unmapped once no leader reads it
 		sys.Close(h.wfd)
 		h.seg.Close()
 	})
@@ -113,6 +143,7 @@ func (h *Hub) Close() error {
 // NewWaiter takes a slot of the hub for one waiting goroutine at a time.
 func (h *Hub) NewWaiter() (*Waiter, error) {
 	w := &Waiter{hub: h, ch: make(chan struct{}, 1)}
+	w.readPipe = w.lookOnPipe // made once: a closure per park would allocate
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
@@ -129,42 +160,6 @@ func (h *Hub) NewWaiter() (*Waiter, error) {
 	return w, nil
 }
 
-// dispatch readies the waiters whose slots peers marked; it parks on the
-// pipe when there are none.
-func (h *Hub) dispatch() {
-	defer close(h.done)
-	for {
-		store32(h.bell, 1) // announces: wakers signal the pipe from now on
-		if h.scan() {
-			// The signals that brought us here go, once their waiters
-			// are on their way (a signal is written only when we
-			// announced, so the pipe holds a byte or two).
-			sys.PipeDrain(h.rfd)
-			continue
-		}
-		// Park unless a waker marked a slot since the scan: its signal
-		// may have come before the read began, when the poller forgets
-		// readiness, but its marks are there. Every write to the pipe
-		// makes an edge for the poller, read or not.
-		h.parked = false
-		err := h.rc.Read(h.look)
-		if err != nil {
-			return // closed
-		}
-	}
-}
-
-// lookOnPipe is the dispatcher's look on the pipe (RawConn.Read's
-// function, made once in NewHub: a closure per park would allocate): done
-// if a slot is marked, else park once, then done.
-func (h *Hub) lookOnPipe(uintptr) bool {
-	if h.parked || h.pending() {
-		return true
-	}
-	h.parked = true
-	return false
-}
-
 // pending tells whether a summary word has bits set.
 func (h *Hub) pending() bool {
 	for j := range hubSlots / 4096 {
@@ -175,9 +170,9 @@ func (h *Hub) pending() bool {
 	return false
 }
 
-// scan wakes every marked slot's waiter and tells whether there was one.
-func (h *Hub) scan() bool {
-	found := false
+// take clears the marks of the table and wakes the waiters they name but
+// self; it tells whether self was among them, and whether any was.
+func (h *Hub) take(self *Waiter) (mine, any bool) {
 	for j := range hubSlots / 4096 {
 		s := at(h.sum, uint64(j)*8)
 		if load64(s) == 0 {
@@ -186,14 +181,21 @@ func (h *Hub) scan() bool {
 		for sm := swap64(s, 0); sm != 0; sm &= sm - 1 {
 			w := uint64(j)*64 + uint64(bits.TrailingZeros64(sm))
 			for pm := swap64(at(h.pend, w*8), 0); pm != 0; pm &= pm - 1 {
-				h.wakeSlot(uint32(w*64) + uint32(bits.TrailingZeros64(pm)))
-				found = true
+				slot := uint32(w*64) + uint32(bits.TrailingZeros64(pm))
+				any = true
+				if self != nil && slot == self.slot {
+					mine = true
+				} else {
+					h.wakeSlot(slot)
+				}
 			}
 		}
 	}
-	return found
+	return mine, any
 }
 
+// wakeSlot wakes the waiter of slot, if there is one: a peer (or a ring
+// of this process) saw it announced.
 func (h *Hub) wakeSlot(slot uint32) {
 	h.mu.Lock()
 	var w *Waiter
@@ -202,7 +204,117 @@ func (h *Hub) wakeSlot(slot uint32) {
 	}
 	h.mu.Unlock()
 	if w != nil {
-		w.post()
+		w.wake()
+	}
+}
+
+// signal wakes the leader out of the netpoller: the pipe, as a peer
+// does, for a wake-up from this process.
+func (h *Hub) signal() {
+	if load32(h.bell) != 0 && swap32(h.bell, 0) != 0 {
+		sys.PipeSignal(h.wfd)
+	}
+}
+
+// join parks w: as the leader if there is none (or w was appointed), else
+// as a follower. It reports which, and false too when the hub is closed.
+func (h *Hub) join(w *Waiter) (lead, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false, false
+	}
+	if h.leader == nil {
+		h.leaders.Add(1)
+		h.leader = w
+	}
+	if h.leader == w {
+		w.leading.Store(true)
+		return true, true
+	}
+	h.followers = append(h.followers, w)
+	return false, true
+}
+
+// leave ends w's park. A leader hands the pipe to the follower that
+// parked last (the likeliest to be woken next, and the others stay
+// asleep); a follower appointed meanwhile does the same.
+func (h *Hub) leave(w *Waiter) {
+	h.mu.Lock()
+	if i := slices.Index(h.followers, w); i >= 0 {
+		h.followers = slices.Delete(h.followers, i, i+1)
+	}
+	var next *Waiter
+	if h.leader == w {
+		w.leading.Store(false)
+		h.leader = nil
+		if n := len(h.followers); n > 0 && !h.closed {
+			next = h.followers[n-1]
+			h.followers = h.followers[:n-1]
+			h.leader = next // the leaders count passes to it
+		} else {
+			h.leaders.Done()
+		}
+	}
+	h.mu.Unlock()
+	if next != nil {
+		next.post()
+	}
+}
+
+// lead parks w on the pipe until its slot is marked, a token comes on its
+// channel (Wake), or deadline passes; it passes the other marks on.
+func (h *Hub) lead(w *Waiter, deadline time.Time) error {
+	h.mu.Lock()
+	if !deadline.Equal(h.fileDL) {
+		h.fileDL = deadline
+		h.file.SetReadDeadline(deadline)
+	}
+	h.mu.Unlock()
+	for {
+		h.announce()
+		if f := testHookAnnounced.Load(); f != nil {
+			(*f)()
+		}
+		mine, any := h.take(w)
+		if mine || w.took() {
+			return nil
+		}
+		if any {
+			// A waker of the slots just taken may have taken the
+			// announcement too, and with it the only signal: announce
+			// again and look again before parking (parked without an
+			// announcement, the leader would sleep through every later
+			// mark).
+			continue
+		}
+		// Park unless a mark or a token came since: a signal before the
+		// read began, when the netpoller forgets readiness, left its mark.
+		// Every write to the pipe makes an edge for the netpoller, read or
+		// not.
+		w.parked = false
+		err := h.rc.Read(w.readPipe)
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return os.ErrDeadlineExceeded
+			}
+			return ErrHubClosed
+		}
+	}
+}
+
+// announce tells wakers that the leader is parked, or about to be: they
+// signal the pipe from now on. An announcement found taken is a signal
+// in the pipe, or on its way; once in hubDrainAfter the leader empties the
+// pipe first (what a signal written after the read carries is for the new
+// announcement, and its mark is what counts).
+func (h *Hub) announce() {
+	if h.debt >= hubDrainAfter {
+		sys.PipeDrain(h.rfd)
+		h.debt = 0
+	}
+	if swap32(h.bell, 1) == 0 {
+		h.debt++
 	}
 }
 
@@ -256,7 +368,7 @@ func (n *Notifier) Notify(slot uint32) {
 		return
 	}
 	// Publish the slot, then its word, then look at the doorbell: the
-	// dispatcher announces, then scans, so one of us sees the other.
+	// leader announces, then scans, so one of us sees the other.
 	or64(at(n.pend, uint64(slot/64)*8), 1<<(slot%64))
 	or64(at(n.sum, uint64(slot/4096)*8), 1<<(slot/64%64))
 	if load32(n.bell) != 0 && swap32(n.bell, 0) != 0 {
@@ -276,12 +388,15 @@ func (n *Notifier) Close() error {
 
 // A Waiter is a slot of a hub on which one goroutine at a time parks:
 // Park, until a Notify of its slot (from any process) or a Wake (from
-// this one). Wake and the hub's dispatcher may run concurrently with Park.
+// this one). Wake and Notify may run concurrently with Park.
 type Waiter struct {
 	hub      *Hub
 	slot     uint32
 	ch       chan struct{} // a wake-up token; capacity 1
 	sleeping atomic.Uint32 // Park is between its announcement and its return
+	leading  atomic.Bool   // parked on the hub's pipe (Hub.lead)
+	parked   bool          // lead: the look on the pipe said park once
+	readPipe func(uintptr) bool
 	timer    *time.Timer
 	closed   bool
 }
@@ -296,6 +411,26 @@ func (w *Waiter) Slot() uint32 { return w.slot }
 // Hub returns the waiter's hub.
 func (w *Waiter) Hub() *Hub { return w.hub }
 
+// lookOnPipe is the leader's look on the pipe (RawConn.Read's function):
+// done if a slot is marked or a token came, else park once, then done.
+func (w *Waiter) lookOnPipe(uintptr) bool {
+	if w.parked || w.hub.pending() || len(w.ch) > 0 {
+		return true
+	}
+	w.parked = true
+	return false
+}
+
+// took takes a token if one is there.
+func (w *Waiter) took() bool {
+	select {
+	case <-w.ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // post leaves a wake-up token; a token already there is enough.
 func (w *Waiter) post() {
 	select {
@@ -304,12 +439,22 @@ func (w *Waiter) post() {
 	}
 }
 
+// wake leaves a token and, if w leads its hub, signals the pipe it is
+// parked on: the token first, then the look, as lead looks at the token
+// after it announced that it leads.
+func (w *Waiter) wake() {
+	w.post()
+	if w.leading.Load() {
+		w.hub.signal()
+	}
+}
+
 // Wake wakes the goroutine parked on w, or makes the Park under way
 // return; it costs one atomic load when nobody parks. For code of this
 // process.
 func (w *Waiter) Wake() {
 	if w.sleeping.Load() != 0 {
-		w.post()
+		w.wake()
 	}
 }
 
@@ -318,9 +463,9 @@ func (w *Waiter) Wake() {
 // waiter is marked as sleeping and before it parks: the caller has
 // announced w.Bell() in the doorbells that concern it (x.Arm), and Ready
 // re-checks its condition, so that a wake-up between the caller's last
-// look and the park is never lost. Park reports whether Ready said true
-// (then it did not park). It may return early; callers re-check and call
-// it again.
+// look and the park is never lost; Park announces again itself when it
+// goes on after a wake-up. Park reports whether Ready said true (then it
+// did not park). It may return early; callers re-check and call it again.
 func (w *Waiter) Park(x Waitable, deadline time.Time) (bool, error) {
 	w.sleeping.Store(1)
 	defer w.sleeping.Store(0)
@@ -332,13 +477,43 @@ func (w *Waiter) Park(x Waitable, deadline time.Time) (bool, error) {
 	if x.Ready() {
 		return true, nil
 	}
+	h := w.hub
+	defer h.leave(w)
+	for {
+		lead, ok := h.join(w)
+		if !ok {
+			return false, ErrHubClosed
+		}
+		if lead {
+			return false, h.lead(w, deadline)
+		}
+		if err := w.await(deadline); err != nil {
+			return false, err
+		}
+		h.mu.Lock()
+		appointed := h.leader == w
+		h.mu.Unlock()
+		if !appointed {
+			return false, nil
+		}
+		// Handed the pipe. The token may also have been a wake-up that
+		// took our announcement: announce again and look, then lead.
+		x.Arm(w.Bell())
+		if x.Ready() {
+			return true, nil
+		}
+	}
+}
+
+// await sleeps on w's channel until a token comes or deadline passes.
+func (w *Waiter) await(deadline time.Time) error {
 	if deadline.IsZero() {
 		<-w.ch
-		return false, nil
+		return nil
 	}
 	d := time.Until(deadline)
 	if d <= 0 {
-		return false, os.ErrDeadlineExceeded
+		return os.ErrDeadlineExceeded
 	}
 	if w.timer == nil {
 		w.timer = time.NewTimer(d)
@@ -348,9 +523,9 @@ func (w *Waiter) Park(x Waitable, deadline time.Time) (bool, error) {
 	select {
 	case <-w.ch:
 		w.timer.Stop()
-		return false, nil
+		return nil
 	case <-w.timer.C:
-		return false, os.ErrDeadlineExceeded
+		return os.ErrDeadlineExceeded
 	}
 }
 

@@ -117,17 +117,18 @@ func recordSize(n int) int { return (recHeaderSize + n + recAlign - 1) &^ (recAl
 //
 //	offset  line      written by           words
 //	   128  control   creator              magic u32 | version u32 | slots u32
-//	   256  doorbell  dispatcher, wakers   u32: 1 = the dispatcher is parked
-//	   384  summary   wakers, dispatcher   hubSlots/4096 u64: bit i of word j set =
+//	   256  doorbell  leader, wakers       u32: 1 = the leader is parked
+//	   384  summary   wakers, leader       hubSlots/4096 u64: bit i of word j set =
 //	                                       pending word 64j+i may have bits set
-//	   512  pending   wakers, dispatcher   hubSlots/64 u64: bit i of word j set =
+//	   512  pending   wakers, leader       hubSlots/64 u64: bit i of word j set =
 //	                                       slot 64j+i was woken
 //
 // A waker sets the slot's pending bit, then its summary bit (atomic ORs),
 // then takes the doorbell (swap to 0) and signals the hub's pipe if it
-// was set. The dispatcher announces on the doorbell, then swaps summary
+// was set. The leader announces on the doorbell, then swaps summary
 // words to zero and the pending words they name, and wakes those slots'
-// waiters; it parks on the pipe only when it found nothing.
+// waiters; it parks on the pipe only when it found nothing since its last
+// announcement.
 const (
 	hubMagicOff    = SegmentHeaderSize
 	hubVersionOff  = hubMagicOff + 4
