@@ -50,7 +50,7 @@ type Hub struct {
 	self *Notifier      // this hub, for wakers in this process
 
 	mu        lockrank.Mutex // guards waiters, free, leader, followers, fileDL, closed; lockrank.Hub, after any lock of the library
-	waiters   []*Waiter  // by slot; nil for a free slot
+	waiters   []*Waiter      // by slot; nil for a free slot
 	free      []uint32
 	leader    *Waiter   // parked on the pipe, or appointed to; nil: none
 	followers []*Waiter // parked on their channels, in parking order
