@@ -20,9 +20,14 @@ const (
 	ConnRead        Rank = 10 // sockets.Conn.rmu
 	ConnWrite       Rank = 11 // sockets.Conn.wmu
 	Conn            Rank = 20 // sockets.Conn.mu
-	ListenerPending Rank = 30 // sockets.Listener.pmu
-	NegativeCache   Rank = 31 // sockets.negativeCache.mu
-	Devices         Rank = 32 // sockets devices.mu
+	ListenerPending Rank = 25 // sockets.Listener.pmu
+	NegativeCache   Rank = 26 // sockets.negativeCache.mu
+	Devices         Rank = 27 // sockets devices.mu
+	Published       Rank = 28 // sockets published.mu
+	StatsRun        Rank = 29 // stats.publisher.runMu
+	Stats           Rank = 30 // stats.publisher.mu
+	StatsTable      Rank = 31 // stats.run.tabMu
+	AllStats        Rank = 32 // sockets allStats.mu
 	Device          Rank = 33 // sockets.device.mu
 	CtlPools        Rank = 34 // sockets.ctlPools.mu
 	PieceCopier     Rank = 35 // sockets.pieceCopier.mu
@@ -54,6 +59,11 @@ var names = map[Rank]string{
 	ListenerPending: "sockets.Listener.pmu",
 	NegativeCache:   "sockets.negativeCache.mu",
 	Devices:         "sockets.devices.mu",
+	Published:       "sockets.published.mu",
+	StatsRun:        "stats.publisher.runMu",
+	Stats:           "stats.publisher.mu",
+	StatsTable:      "stats.run.tabMu",
+	AllStats:        "sockets.allStats.mu",
 	Device:          "sockets.device.mu",
 	CtlPools:        "sockets.ctlPools.mu",
 	PieceCopier:     "sockets.pieceCopier.mu",
