@@ -49,6 +49,13 @@ const (
 	CQ              Rank = 70 // nic.CompletionQueue.mu
 	Engine          Rank = 71 // nic.engine.mu
 	Hub             Rank = 80 // shm.Hub.mu
+
+	// The leaves: taken last, never two together, calling nothing that
+	// locks.
+	Lingering   Rank = 90 // sockets lingering.mu
+	Deadline    Rank = 91 // sockets.deadline.mu
+	NICImports  Rank = 92 // nic imports.mu
+	StatsReader Rank = 93 // stats.Reader.mu
 )
 
 var names = map[Rank]string{
@@ -83,6 +90,10 @@ var names = map[Rank]string{
 	CQ:              "nic.CompletionQueue.mu",
 	Engine:          "nic.engine.mu",
 	Hub:             "shm.Hub.mu",
+	Lingering:       "sockets.lingering.mu",
+	Deadline:        "sockets.deadline.mu",
+	NICImports:      "nic.imports.mu",
+	StatsReader:     "stats.Reader.mu",
 }
 
 // String names the lock of the rank, as docs/locking.md does.
