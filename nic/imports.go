@@ -2,9 +2,9 @@ package nic
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -59,10 +59,15 @@ type imported struct {
 }
 
 var imports struct {
-	mu    sync.Mutex // guards everything below, the notifiers and every device's parked
+	// mu guards everything below, the notifiers, every device's parked and
+	// known. A leaf: under it mappings are made and unmapped and timers
+	// armed, but nothing locks.
+	mu    lockrank.Mutex
 	byKey map[importKey]*imported
 	bySeg map[*shm.Segment]*imported
 }
+
+func init() { imports.mu.Init(lockrank.NICImports) }
 
 // importSegment maps the segment behind fd, a peer's, or takes another
 // reference to the mapping of the same file made earlier. It takes

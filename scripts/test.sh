@@ -84,7 +84,7 @@ gotest "reliability campaign (short)" -timeout 15m -run '^TestCampaign' "$@"
 # checker's slower locks make its peer decline split offers (a bug to fix).
 # Other failures get one more run, as gotest's do.
 echo "== lock ranks"
-lockpkgs=(./shm/... ./internal/bpfmon/... ./pin/... ./nic/... ./sockets/...)
+lockpkgs=(./shm/... ./internal/bpfmon/... ./pin/... ./nic/... ./sockets/... ./stats/...)
 lockskip='^TestCampaign|^TestSplitTransfers$'
 if ! go test -tags lockrank -count=1 -skip "$lockskip" "${lockpkgs[@]}" 2>&1 | tee "$log"; then
 	failed=$(awk '$1 == "FAIL" && $2 ~ /^github.com\// {print $2}' "$log" | sort -u)

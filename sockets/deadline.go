@@ -1,9 +1,10 @@
 package sockets
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/lockrank"
 )
 
 // deadline is one direction's deadline, after net/pipe.go's pipeDeadline:
@@ -11,7 +12,7 @@ import (
 // deadline replaces a closed cancel channel. expired mirrors "cancel is
 // closed" for a lock-free check on the hot path.
 type deadline struct {
-	mu      sync.Mutex // guards t, timer, cancel
+	mu      lockrank.Mutex // guards t, timer, cancel; a leaf
 	t       time.Time
 	timer   *time.Timer
 	cancel  chan struct{}
@@ -19,7 +20,12 @@ type deadline struct {
 	isSet   atomic.Bool // t is not zero
 }
 
-func makeDeadline() deadline { return deadline{cancel: make(chan struct{})} }
+// init makes d a deadline that is not set; it is called once, before d
+// is used.
+func (d *deadline) init() {
+	d.mu.Init(lockrank.Deadline)
+	d.cancel = make(chan struct{})
+}
 
 // set sets the deadline; the zero time means none.
 func (d *deadline) set(t time.Time) {

@@ -2,15 +2,18 @@ package sockets
 
 import (
 	"context"
-	"sync"
+
+	"github.com/sandirect/sandirect/internal/lockrank"
 )
 
 // lingering counts closed connections still delivering what they wrote.
 var lingering struct {
-	mu   sync.Mutex // guards n, idle
+	mu   lockrank.Mutex // guards n, idle; a leaf, taken under Conn.mu by Close
 	n    int
 	idle chan struct{} // closed when n drops to 0; nil while n is 0
 }
+
+func init() { lingering.mu.Init(lockrank.Lingering) }
 
 func lingerStart() {
 	lingering.mu.Lock()

@@ -138,7 +138,6 @@ func answerHello(d *device, cfg *Config, bell **nic.MemoryRegion) func([]byte) (
 func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, dialer bool, netw string, laddr, raddr net.Addr, bell *nic.MemoryRegion, peerHello []byte) (*Conn, error) {
 	c := &Conn{
 		cfg: cfg, dev: d, qp: qp, cq: cq, netw: netw, laddr: laddr, raddr: raddr,
-		rdl: makeDeadline(), wdl: makeDeadline(),
 		closing: make(chan struct{}), tornDown: make(chan struct{}),
 		owner: nic.Owner(nextOwner.Add(1)),
 	}
@@ -146,6 +145,8 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	c.rmu.Init(lockrank.ConnRead)
 	c.wmu.Init(lockrank.ConnWrite)
 	c.mu.Init(lockrank.Conn)
+	c.rdl.init()
+	c.wdl.init()
 	c.stats.register()
 	cq.SetWait(cfg.Wait) // the nic's waits are the connection's
 	c.dialer = dialer

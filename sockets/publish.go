@@ -1,9 +1,9 @@
 package sockets
 
 import (
-	"sync"
 	"sync/atomic"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	pubstats "github.com/sandirect/sandirect/stats"
 )
 
@@ -23,10 +23,12 @@ var published struct {
 	// mu guards unregister and the changes of devs. Lock order:
 	// devices.mu, mu, the stats publisher's locks, allStats.mu (the
 	// snapshot's only lock).
-	mu         sync.Mutex
+	mu         lockrank.Mutex
 	devs       atomic.Int64 // open devices; read by the snapshot without mu
 	unregister func()
 }
+
+func init() { published.mu.Init(lockrank.Published) }
 
 // publishHold counts one more open device (from acquireDevice).
 func publishHold() {

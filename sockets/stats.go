@@ -1,8 +1,9 @@
 package sockets
 
 import (
-	"sync"
 	"sync/atomic"
+
+	"github.com/sandirect/sandirect/internal/lockrank"
 )
 
 // Counters is a snapshot of what connections did and which path every
@@ -106,10 +107,12 @@ type stats struct{ v [nCounters]atomic.Uint64 }
 // allStats keeps what GlobalStats adds up: the counters of the live
 // connections and the totals of those gone.
 var allStats struct {
-	mu      sync.Mutex // guards live, retired
+	mu      lockrank.Mutex // guards live, retired; taken last, under the stats publisher's lock by a snapshot
 	live    map[*stats]struct{}
 	retired [nCounters]uint64
 }
+
+func init() { allStats.mu.Init(lockrank.AllStats) }
 
 // GlobalStats returns the process-wide counters of all connections.
 func GlobalStats() Counters {

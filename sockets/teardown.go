@@ -109,7 +109,8 @@ func (c *Conn) teardownLocked() {
 // messages and waits until the peer consumed all of them, or the peer
 // went, or Config.Linger passed; then it tears the connection down.
 func (c *Conn) linger() {
-	dl := makeDeadline()
+	var dl deadline
+	dl.init()
 	dl.set(time.Now().Add(c.cfg.Linger))
 	c.mu.Lock()
 	for !c.qpDead && c.err == nil && !c.torn {

@@ -49,7 +49,8 @@ func awaitRx(sc *Conn, n int) error {
 		if time.Now().After(end) {
 			return fmt.Errorf("%d messages waiting after 10 s, want %d", k, n)
 		}
-		dl := makeDeadline()
+		var dl deadline
+		dl.init()
 		dl.set(time.Now().Add(10 * time.Millisecond))
 		sc.progress(gen, &dl, false)
 		dl.set(time.Time{})
@@ -143,7 +144,8 @@ func driveUntilFailed(sc *Conn, within time.Duration) bool {
 		if failed {
 			return true
 		}
-		dl := makeDeadline()
+		var dl deadline
+		dl.init()
 		dl.set(time.Now().Add(10 * time.Millisecond))
 		sc.progress(gen, &dl, false)
 		dl.set(time.Time{})

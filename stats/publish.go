@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -119,13 +120,14 @@ type source struct {
 }
 
 // publisher is the process-wide state behind Register. Lock order: runMu,
-// then mu, then the locks snapshots take.
+// then mu, then the locks snapshots take; a run's tabMu comes after runMu
+// (a run that grows its table on starting) and is never held with mu.
 type publisher struct {
-	runMu sync.Mutex // serializes starting and stopping run
+	runMu lockrank.Mutex // serializes starting and stopping run
 
-	mu      sync.Mutex // guards the fields below; held while snapshots run
-	sources []*source  // in registration order
-	inited  bool       // cfg and envErr are set
+	mu      lockrank.Mutex // guards the fields below; held while snapshots run
+	sources []*source      // in registration order
+	inited  bool           // cfg and envErr are set
 	cfg     Config
 	envErr  error
 	runErr  error
@@ -133,6 +135,11 @@ type publisher struct {
 }
 
 var pub publisher
+
+func init() {
+	pub.runMu.Init(lockrank.StatsRun)
+	pub.mu.Init(lockrank.Stats)
+}
 
 func (p *publisher) initLocked() {
 	if !p.inited {
@@ -187,10 +194,10 @@ type run struct {
 	p     *publisher
 	ln    *net.UnixListener
 	euid  uint32
-	tabMu sync.Mutex // guards tab; the accept loop sends its fd under it
-	tab   *table     // replaced only by the refreshing goroutine
-	buf   []entry    // the refresh being built; used only by refresh
-	bad   uint64     // counters refused in this refresh
+	tabMu lockrank.Mutex // guards tab; the accept loop sends its fd under it
+	tab   *table         // replaced only by the refreshing goroutine
+	buf   []entry        // the refresh being built; used only by refresh
+	bad   uint64         // counters refused in this refresh
 	emit  func(group, name string, v uint64)
 	poke  chan struct{}
 	stop  chan struct{}
@@ -209,6 +216,7 @@ func startRun(p *publisher, interval time.Duration) (*run, error) {
 		poke: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 	}
+	r.tabMu.Init(lockrank.StatsTable)
 	r.emit = r.add
 	r.refresh() // the table has contents before anyone can fetch it
 	addr := Address(os.Getpid())

@@ -12,10 +12,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -146,7 +146,7 @@ type Reader struct {
 	pid  int
 	proc *os.Process // a pidfd where the kernel has them: tells of its exit
 
-	mu     sync.Mutex // guards seg, mem, closed
+	mu     lockrank.Mutex // guards seg, mem, closed; a leaf
 	seg    *shm.Segment
 	mem    []byte
 	closed bool
@@ -170,7 +170,9 @@ func Open(pid int) (*Reader, error) {
 		proc.Release()
 		return nil, err
 	}
-	return &Reader{pid: pid, proc: proc, seg: seg, mem: mem}, nil
+	r := &Reader{pid: pid, proc: proc, seg: seg, mem: mem}
+	r.mu.Init(lockrank.StatsReader)
+	return r, nil
 }
 
 // fetch receives and maps pid's current table.

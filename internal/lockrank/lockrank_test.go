@@ -51,6 +51,9 @@ func TestRankNames(t *testing.T) {
 	if got := ConnRead.String(); got != "sockets.Conn.rmu (rank 10)" {
 		t.Errorf("ConnRead.String() = %q", got)
 	}
+	if got := StatsReader.String(); got != "stats.Reader.mu (rank 93)" {
+		t.Errorf("StatsReader.String() = %q", got)
+	}
 	if got := Rank(99).String(); got != "rank 99" {
 		t.Errorf("Rank(99).String() = %q", got)
 	}

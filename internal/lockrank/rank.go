@@ -20,9 +20,14 @@ const (
 	ConnRead        Rank = 10 // sockets.Conn.rmu
 	ConnWrite       Rank = 11 // sockets.Conn.wmu
 	Conn            Rank = 20 // sockets.Conn.mu
-	ListenerPending Rank = 30 // sockets.Listener.pmu
-	NegativeCache   Rank = 31 // sockets.negativeCache.mu
-	Devices         Rank = 32 // sockets devices.mu
+	ListenerPending Rank = 25 // sockets.Listener.pmu
+	NegativeCache   Rank = 26 // sockets.negativeCache.mu
+	Devices         Rank = 27 // sockets devices.mu
+	Published       Rank = 28 // sockets published.mu
+	StatsRun        Rank = 29 // stats.publisher.runMu
+	Stats           Rank = 30 // stats.publisher.mu
+	StatsTable      Rank = 31 // stats.run.tabMu
+	AllStats        Rank = 32 // sockets allStats.mu
 	Device          Rank = 33 // sockets.device.mu
 	CtlPools        Rank = 34 // sockets.ctlPools.mu
 	PieceCopier     Rank = 35 // sockets.pieceCopier.mu
@@ -44,6 +49,13 @@ const (
 	CQ              Rank = 70 // nic.CompletionQueue.mu
 	Engine          Rank = 71 // nic.engine.mu
 	Hub             Rank = 80 // shm.Hub.mu
+
+	// The leaves: taken last, never two together, calling nothing that
+	// locks.
+	Lingering   Rank = 90 // sockets lingering.mu
+	Deadline    Rank = 91 // sockets.deadline.mu
+	NICImports  Rank = 92 // nic imports.mu
+	StatsReader Rank = 93 // stats.Reader.mu
 )
 
 var names = map[Rank]string{
@@ -54,6 +66,11 @@ var names = map[Rank]string{
 	ListenerPending: "sockets.Listener.pmu",
 	NegativeCache:   "sockets.negativeCache.mu",
 	Devices:         "sockets.devices.mu",
+	Published:       "sockets.published.mu",
+	StatsRun:        "stats.publisher.runMu",
+	Stats:           "stats.publisher.mu",
+	StatsTable:      "stats.run.tabMu",
+	AllStats:        "sockets.allStats.mu",
 	Device:          "sockets.device.mu",
 	CtlPools:        "sockets.ctlPools.mu",
 	PieceCopier:     "sockets.pieceCopier.mu",
@@ -73,6 +90,10 @@ var names = map[Rank]string{
 	CQ:              "nic.CompletionQueue.mu",
 	Engine:          "nic.engine.mu",
 	Hub:             "shm.Hub.mu",
+	Lingering:       "sockets.lingering.mu",
+	Deadline:        "sockets.deadline.mu",
+	NICImports:      "nic.imports.mu",
+	StatsReader:     "stats.Reader.mu",
 }
 
 // String names the lock of the rank, as docs/locking.md does.
