@@ -49,7 +49,7 @@ type Hub struct {
 	pend unsafe.Pointer // hubSlots/64 pending words
 	self *Notifier      // this hub, for wakers in this process
 
-	mu        lockrank.Mutex // guards waiters, free, leader, followers, fileDL, closed; lockrank.Hub, after any lock of the library
+	mu        lockrank.Mutex // guards waiters, free, leader, followers, fileDL, closed; lockrank.Hub, after any lock of the chain
 	waiters   []*Waiter      // by slot; nil for a free slot
 	free      []uint32
 	leader    *Waiter   // parked on the pipe, or appointed to; nil: none
