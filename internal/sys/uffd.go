@@ -133,22 +133,30 @@ func Pipe() (r, w int, err error) {
 	return p[0], p[1], nil
 }
 
+// signalByte is what PipeSignal writes.
+var signalByte = [1]byte{1}
+
 // PipeSignal writes one byte to the write end of a pipe. A full pipe
-// (EAGAIN) is readable already: the signal is not needed.
+// (EAGAIN) is readable already: the signal is not needed. The pipe is
+// non-blocking, so the write never sleeps: it goes as a raw system call,
+// without the scheduler's hand-off of the processor around it (and the
+// wake-up of its monitor thread that entering a system call may cost).
 func PipeSignal(fd int) error {
-	one := [1]byte{1}
-	_, err := unix.Write(fd, one[:])
-	if err == unix.EAGAIN {
+	_, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&signalByte[0])), 1)
+	switch e {
+	case 0, unix.EAGAIN:
 		return nil
 	}
-	return err
+	return e
 }
 
-// PipeDrain reads what a non-blocking pipe holds, without waiting.
+// PipeDrain reads what a non-blocking pipe holds, without waiting (raw
+// system calls, as PipeSignal's).
 func PipeDrain(fd int) {
 	var b [256]byte
 	for {
-		if n, err := unix.Read(fd, b[:]); err != nil || n < len(b) {
+		n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if e != 0 || n < uintptr(len(b)) {
 			return
 		}
 	}
