@@ -243,22 +243,23 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	}
 	// Split only without a read deadline: the sender's tail must land
 	// before Read returns, as a direct sink of the write rendezvous must.
-	split := direct && e.read && e.split && e.off == 0 && uint32(len(dst)) >= rem &&
+	splittable := direct && e.read && e.split && e.off == 0 && uint32(len(dst)) >= rem &&
 		!c.rdl.isSet.Load() && c.acceptSplitLocked(dst[:rem])
 	access := nic.AccessLocalWrite
-	if !e.read || split {
+	if !e.read {
 		access |= nic.AccessRemoteWrite
 	}
 	var buf []byte
 	var mr *nic.MemoryRegion
 	var err error
+	split := false
 	if direct {
 		if !c.lastRead.covers(dst) {
 			c.lastRead = span{addr: mem.Addr(dst), n: uintptr(len(dst))}
 		}
 		buf = dst[:min(uint32(len(dst)), rem)]
-		if mr, err = c.dev.register(c.owner, buf, access); err != nil {
-			direct, split = false, false
+		if mr, split, err = c.registerReadLocked(buf, access, splittable); err != nil {
+			direct = false
 			c.stats.count(cFallbacks, 1)
 		}
 	}
@@ -306,12 +307,38 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	return nil
 }
 
-// acceptSplitLocked reports whether we take a transfer the sender offered
-// split, reading all of it into dst (acceptSplit, policy.go), dst being in
-// huge pages.
+// acceptSplitLocked reports whether we may take a transfer the sender
+// offered split, reading all of it into dst (acceptSplit, policy.go), if
+// dst is in huge pages, which registerReadLocked asks.
 func (c *Conn) acceptSplitLocked(dst []byte) bool {
-	return acceptSplit(len(dst), c.cfg.SplitMin, c.lastRead.covers(dst), func() bool { return c.dev.nic.Cached(dst) }) &&
-		c.hugeLocked(&c.hugeDst, dst)
+	return acceptSplit(len(dst), c.cfg.SplitMin, c.lastRead.covers(dst), func() bool { return c.dev.nic.Cached(dst) })
+}
+
+// registerReadLocked registers buf, the Read buffer of a direct receive,
+// with access, and tells whether the transfer goes split: splittable (a
+// read rendezvous offered split, acceptSplitLocked) and buf in huge pages,
+// registered then for remote write too. The kernel is asked only once buf
+// is registered: the registration locks its pages as one range, while
+// earlier receives into it (the copied pieces of a write, each its own
+// registration, the bytes inline in their rts between them) may have
+// left it locked in stretches, and the kernel collapses no huge page
+// across stretches locked and not (MADV_COLLAPSE fails with EINVAL).
+func (c *Conn) registerReadLocked(buf []byte, access nic.Access, splittable bool) (*nic.MemoryRegion, bool, error) {
+	if splittable && c.hugeDst.covers(buf) {
+		mr, err := c.dev.register(c.owner, buf, access|nic.AccessRemoteWrite)
+		return mr, err == nil, err
+	}
+	mr, err := c.dev.register(c.owner, buf, access)
+	if err != nil || !splittable || !c.hugeLocked(&c.hugeDst, buf) {
+		return mr, false, err
+	}
+	// In huge pages now: registered again, writable by the peer too (its
+	// pages locked already).
+	c.dev.nic.Deregister(mr)
+	if mr, err = c.dev.register(c.owner, buf, access|nic.AccessRemoteWrite); err != nil {
+		return nil, false, err
+	}
+	return mr, true, nil
 }
 
 // startSplitLocked makes the receive of e into buf (all of it, registered as

@@ -70,15 +70,24 @@ func TestSplitTransfers(t *testing.T) {
 			w, r := pipe(t, cfg, cfg)
 			defer w.Close()
 			defer r.Close()
-			// The first write copies (a new buffer), the second is offered
-			// split before the reader knows its buffer: it declines once,
-			// and the writer offers again after splitRetry.
-			size := 6<<20 + 123
+			// The first write copies (a new buffer), in pieces, each read
+			// into the Read buffer with a registration of its own; every
+			// later one is offered split and taken. A declined offer would
+			// leave the writer offering none for splitRetry, and whether
+			// the stream outlasted that would decide the rest. Between 6
+			// and 8 MiB a rendezvous's part of either buffer holds at
+			// least two whole huge pages wherever the heap put it, at
+			// least half of it (hugeBacked); just under 6 MiB it may hold
+			// one, and neither side would split.
+			size := 7<<20 + 123
 			msgs := 4 + scaled(8)
 			wst, rst := streamSplits(t, w, r, size, msgs, false)
 			t.Logf("writer: %d split offers, %d tail bytes; reader: %d splits", wst.ZeroSplit, wst.BytesSplitTail, rst.Splits)
 			if rst.Splits == 0 || wst.BytesSplitTail == 0 || wst.ZeroSplit < rst.Splits {
 				t.Fatalf("%d split offers, %d splits, %d tail bytes", wst.ZeroSplit, rst.Splits, wst.BytesSplitTail)
+			}
+			if rst.Splits != wst.ZeroSplit || rst.Splits != uint64(msgs-1) {
+				t.Fatalf("%d writes after the first, %d offered split, %d taken", msgs-1, wst.ZeroSplit, rst.Splits)
 			}
 			if tail := wst.BytesSplitTail / rst.Splits; tail < uint64(size)/3 || tail > uint64(size)/2+4096 {
 				t.Fatalf("tail of %d bytes per split transfer of %d", tail, size)
