@@ -258,6 +258,9 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 			}
 			return 0, &resetError{reason: "peer gone"}
 		}
+		if c.pollInlineLocked() {
+			continue
+		}
 		direct = c.rd.active && c.rd.direct
 		dl := &c.rdl
 		if direct {

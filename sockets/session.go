@@ -329,6 +329,26 @@ func (c *Conn) pollNowLocked() {
 	c.endPollLocked()
 }
 
+// pollInlineLocked takes the messages that are in the ring already, as a
+// poller's round run under mu from start to end, and tells whether there
+// were any: a Read that finds its data there has no need to release mu,
+// become the poller and take it again. Only when no other call polls and
+// no RDMA operation of the connection can be outstanding (no rendezvous
+// either way): a poller dispatches the completions of those before the
+// messages that came after them, and this looks at the ring alone.
+func (c *Conn) pollInlineLocked() bool {
+	if c.polling || c.torn || c.rd.active || c.wtx != nil || len(c.txq) > 0 || c.copyInFlight > 0 || !c.qp.RecvPending() {
+		return false
+	}
+	c.polling = true
+	got := c.drainLocked()
+	if got {
+		c.pumpLocked()
+	}
+	c.endPollLocked()
+	return got
+}
+
 // pollCQ waits for completions into c.comps. The caller is the poller;
 // k is the kick count it started with: a change ends the wait.
 func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
