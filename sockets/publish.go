@@ -101,4 +101,6 @@ func snapshotStats(emit func(group, name string, v uint64)) {
 	e("spills", c.Spills)
 	e("waits_spun", c.WaitsSpun)
 	e("waits_parked", c.WaitsParked)
+	e("inline_takes", c.InlineTakes)
+	e("poller_waits", c.PollerWaits)
 }

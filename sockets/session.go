@@ -251,6 +251,7 @@ func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) err
 		return nil // the state changed since the caller looked
 	}
 	if c.polling {
+		c.stats.count(cPollerWaits, 1)
 		if c.changed == nil {
 			c.changed = make(chan struct{})
 		}
@@ -343,6 +344,7 @@ func (c *Conn) pollInlineLocked() bool {
 	c.polling = true
 	got := c.drainLocked()
 	if got {
+		c.stats.count(cInlineTakes, 1)
 		c.pumpLocked()
 	}
 	c.endPollLocked()

@@ -54,6 +54,8 @@ type Counters struct {
 	WaitsParked    uint64 // of Sleeps: waits that parked (the goroutine slept until woken)
 	RepliesCaught  uint64 // block mode: waits whose answer came within Config.ReplyWait
 	Spills         uint64 // unread messages moved out of the ring to let a control message behind them go back
+	InlineTakes    uint64 // Reads that took messages from the ring under their own lock, without a poller's wait (docs/performance.md)
+	PollerWaits    uint64 // a Read, Write or Close that waited for another call's poller round: the two directions meeting on one connection
 }
 
 type counter int
@@ -97,6 +99,8 @@ const (
 	cWaitsParked
 	cRepliesCaught
 	cSpills
+	cInlineTakes
+	cPollerWaits
 	nCounters
 )
 
@@ -171,5 +175,6 @@ func (s *stats) snapshot() Counters {
 		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
 		Aborts: v(cAborts), Resets: v(cResets), Doorbells: v(cDoorbells), Registers: v(cRegisters),
 		Sleeps: v(cSleeps), WaitsSpun: v(cWaitsSpun), WaitsParked: v(cWaitsParked), RepliesCaught: v(cRepliesCaught), Spills: v(cSpills),
+		InlineTakes: v(cInlineTakes), PollerWaits: v(cPollerWaits),
 	}
 }

@@ -1,9 +1,12 @@
 package sockets
 
 import (
+	"io"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 )
 
@@ -64,4 +67,82 @@ func snakeCase(s string) string {
 		b.WriteRune(unicode.ToLower(c))
 	}
 	return b.String()
+}
+
+// TestReadTakesInline: a Read whose message is in the ring already takes
+// it under its own lock (pollInlineLocked), and InlineTakes counts it.
+func TestReadTakesInline(t *testing.T) {
+	c, sc := pipe(t, nil, nil)
+	s := sc.(*Conn)
+	const rounds = 50
+	msg, buf := []byte("in the ring before the Read"), make([]byte, 64)
+	for i := range rounds {
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		n, err := s.Read(buf)
+		if err != nil || string(buf[:n]) != string(msg) {
+			t.Fatalf("round %d: %q, %v", i, buf[:n], err)
+		}
+	}
+	if got := s.Stats().InlineTakes; got == 0 {
+		t.Fatalf("%d Reads of messages in the ring, none taken inline: %+v", rounds, s.Stats())
+	}
+}
+
+// TestPollerWaitsCounted: a Write that waits for credit while a Read of
+// the same connection polls waits for the Read's round, and PollerWaits
+// counts it; the Write goes on once the peer reads.
+func TestPollerWaitsCounted(t *testing.T) {
+	cc, s := pipe(t, nil, nil)
+	c := cc.(*Conn)
+	readDone := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 1)
+		_, err := c.Read(buf) // polls until s writes, at the end
+		readDone <- err
+	}()
+	until(t, "the Read polls", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.polling
+	})
+	const writes, size = 100, 64
+	writeDone := make(chan error, 1)
+	go func() {
+		msg := make([]byte, size)
+		for range writes {
+			if _, err := c.Write(msg); err != nil {
+				writeDone <- err
+				return
+			}
+		}
+		writeDone <- nil
+	}()
+	until(t, "a Write waits for the Read's round", func() bool { return c.Stats().PollerWaits > 0 })
+	if _, err := io.ReadFull(s, make([]byte, writes*size)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-writeDone; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Write([]byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-readDone; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// until looks at cond, yielding, until it holds; it fails the test after
+// ten seconds.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within 10 s", what)
+		}
+		runtime.Gosched()
+	}
 }
