@@ -152,13 +152,18 @@ func BenchmarkPingPong(b *testing.B) {
 	}
 }
 
-// pingPong writes size bytes to an echo server over tr and reads them
-// back, b.N times; it reports half the round trip.
+// pingPong is pingPongOver a connection to an echo server over tr.
 func pingPong(b *testing.B, tr string, size int) {
 	c := benchServer(b, tr, "echo")()
 	defer c.Close()
-	buf := make([]byte, size)
 	b.SetBytes(int64(2 * size))
+	pingPongOver(b, c, size)
+}
+
+// pingPongOver writes size bytes to c, an echo's, and reads them back, b.N
+// times; it reports half the round trip.
+func pingPongOver(b *testing.B, c net.Conn, size int) {
+	buf := make([]byte, size)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := c.Write(buf); err != nil {
@@ -212,17 +217,7 @@ func BenchmarkPingPongInProcess(b *testing.B) {
 		b.Run("transport="+tr+"/size=64B", func(b *testing.B) {
 			c, s := pipe(b, benchConfigs[tr], benchConfigs[tr])
 			go io.Copy(s, s)
-			buf := make([]byte, 64)
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := c.Write(buf); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := io.ReadFull(c, buf); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/half-rtt")
+			pingPongOver(b, c, 64)
 		})
 	}
 }

@@ -342,13 +342,14 @@ func (c *Conn) pollInlineLocked() bool {
 		return false
 	}
 	c.polling = true
-	got := c.drainLocked()
-	if got {
-		c.stats.count(cInlineTakes, 1)
-		c.pumpLocked()
-	}
+	taken := c.taken
+	c.dispatchPolledLocked(0) // the ring's messages, then what they let us send
 	c.endPollLocked()
-	return got
+	if c.taken == taken {
+		return false
+	}
+	c.stats.count(cInlineTakes, 1)
+	return true
 }
 
 // pollCQ waits for completions into c.comps. The caller is the poller;

@@ -3,10 +3,8 @@ package sockets
 import (
 	"io"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
-	"time"
 	"unicode"
 )
 
@@ -102,7 +100,7 @@ func TestPollerWaitsCounted(t *testing.T) {
 		_, err := c.Read(buf) // polls until s writes, at the end
 		readDone <- err
 	}()
-	until(t, "the Read polls", func() bool {
+	waitFor(t, "the Read polls", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.polling
@@ -119,7 +117,7 @@ func TestPollerWaitsCounted(t *testing.T) {
 		}
 		writeDone <- nil
 	}()
-	until(t, "a Write waits for the Read's round", func() bool { return c.Stats().PollerWaits > 0 })
+	waitFor(t, "a Write waits for the Read's round", func() bool { return c.Stats().PollerWaits > 0 })
 	if _, err := io.ReadFull(s, make([]byte, writes*size)); err != nil {
 		t.Fatal(err)
 	}
@@ -131,18 +129,5 @@ func TestPollerWaitsCounted(t *testing.T) {
 	}
 	if err := <-readDone; err != nil {
 		t.Fatal(err)
-	}
-}
-
-// until looks at cond, yielding, until it holds; it fails the test after
-// ten seconds.
-func until(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("%s: not within 10 s", what)
-		}
-		runtime.Gosched()
 	}
 }
