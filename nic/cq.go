@@ -320,6 +320,21 @@ func (cq *CompletionQueue) Wait(out []Completion, deadline time.Time) (int, erro
 // WaitOutcome is Wait that also tells how the wait ended: at the first
 // look, while spinning, or after parking.
 func (cq *CompletionQueue) WaitOutcome(out []Completion, deadline time.Time) (int, shm.Outcome, error) {
+	return cq.waitOutcome(out, deadline, false)
+}
+
+// WaitParkedOutcome is WaitOutcome that parks without spinning first,
+// whatever the CQ's configuration: for a wait whose answer needs the peer
+// to do more than a spin lasts.
+func (cq *CompletionQueue) WaitParkedOutcome(out []Completion, deadline time.Time) (int, shm.Outcome, error) {
+	return cq.waitOutcome(out, deadline, true)
+}
+
+// parkAtOnce is WaitParkedOutcome's strategy. A block-mode strategy keeps
+// no state, so one serves every CQ.
+var parkAtOnce = shm.NewWaitStrategy(shm.WaitConfig{Mode: shm.WaitBlock})
+
+func (cq *CompletionQueue) waitOutcome(out []Completion, deadline time.Time, parked bool) (int, shm.Outcome, error) {
 	if n := cq.Poll(out); n > 0 || len(out) == 0 {
 		return n, shm.WaitedReady, nil
 	}
@@ -332,10 +347,14 @@ func (cq *CompletionQueue) WaitOutcome(out []Completion, deadline time.Time) (in
 	w := cq.waiterLocked()
 	var err error
 	how := shm.WaitedReady
+	strat := &cq.strat
+	if parked {
+		strat = &parkAtOnce
+	}
 	for cq.look.n == 0 && !cq.look.inPlace && err == nil && !cq.dirty.Load() && !cq.woken.Load() {
 		// A wait that ends on a look, not a poll, polls again.
 		var o shm.Outcome
-		o, err = cq.strat.Wait(&cq.look, w, deadline)
+		o, err = strat.Wait(&cq.look, w, deadline)
 		how = max(how, o)
 	}
 	n := cq.look.n

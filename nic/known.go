@@ -200,6 +200,13 @@ func (d *Device) dialEarlyOut(conn *net.UnixConn, opts QPOptions, seg *shm.Segme
 // listener gave before, its reply checked when it comes.
 func (qp *QueuePair) Early() bool { return qp.awaiting != nil }
 
+// Taken tells whether the listener has taken the queue pair: it answered
+// (an accept, or a dial that waited for the reply), or an early dial's
+// reply came and matched. What a taken queue pair's side committed to its
+// ring is delivered after that side hangs up, before the end; an early
+// dial that hangs up before its reply may never be accepted.
+func (qp *QueuePair) Taken() bool { return qp.awaiting == nil || qp.replied.Load() }
+
 // takeReply reads and checks an early dial's reply, if qp is one: the
 // remembered answer from the same table and hub files, or an error that
 // says what came instead (a reject's reason among them).
@@ -221,6 +228,8 @@ func (qp *QueuePair) takeReply() error {
 	sys.CloseAll(fds)
 	if err != nil {
 		qp.dev.forget(qp.awaitKey, kp)
+	} else {
+		qp.replied.Store(true)
 	}
 	return err
 }

@@ -144,6 +144,7 @@ type QueuePair struct {
 	awaiting   *knownPeer
 	awaitKey   knownKey
 	awaitBy    time.Time
+	replied    atomic.Bool // the early dial's reply came and matched
 	started    atomic.Bool // the connection reader runs
 	readerDone chan struct{}
 

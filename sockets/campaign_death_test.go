@@ -250,15 +250,19 @@ var deathCases = []deathCase{
 	{
 		name: "closing/linger",
 		// We wrote and closed; the child never reads: the connection
-		// lingers for the child's ack until the kill ends it.
+		// lingers for the child's done until the kill ends it (a
+		// rendezvous: what lies in the ring alone would not linger).
 		child: childDialsAndParks,
 		parent: func(r *deathRun) {
 			c := r.accept()
-			if _, err := c.Write(randBytes(10000)); err != nil {
+			if _, err := c.Write(randBytes(deathXfer)); err != nil {
 				r.t.Fatal(err)
 			}
 			if err := c.Close(); err != nil {
 				r.t.Fatal(err)
+			}
+			if n := c.Stats().QuickCloses; n != 0 {
+				r.t.Fatalf("QuickCloses %d: the Close did not linger, the case tests nothing", n)
 			}
 			r.conn = nil // closed: what follows is the linger's
 			r.start("linger", func() (int, error) {

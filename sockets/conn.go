@@ -165,8 +165,11 @@ func (c *Conn) CloseWrite() error {
 // Close closes the connection. Pending Reads and Writes return
 // net.ErrClosed. What was written is still delivered: the connection
 // lingers (Config.Linger at most) until the peer has consumed it, then
-// releases its registrations and its queue pair. A Close with received
-// data left unread resets the connection instead, as TCP does.
+// releases its registrations and its queue pair — unless all of it, the
+// end of the stream included, lies in the peer's ring already, which the
+// peer reads to its end after we hang up: then it hangs up at once. A
+// Close with received data left unread resets the connection instead, as
+// TCP does.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -192,11 +195,33 @@ func (c *Conn) Close() error {
 			c.wclosed = true
 			c.queueCtlLocked(ctlMsg{typ: msgFin})
 		}
+		if c.deliveredLocked() {
+			c.stats.count(cQuickCloses, 1)
+			c.teardownLocked()
+			break
+		}
 		c.tearing = true
 		lingerStart()
 		go c.linger()
 	}
 	return nil
+}
+
+// deliveredLocked tells whether a closing connection has nothing left to
+// linger for: every message it wrote, its fin among them, lies in the
+// peer's ring, which the peer reads to its end after we hang up (nic: a
+// queue pair's committed sends come before its end), and nothing of ours
+// is in use by the peer or waits for it — no rendezvous source (the peer
+// reads it from our memory), no write or receive rendezvous, no piece
+// copy under way. The peer must have taken the connection, too: an early
+// dial that hangs up before its listener's reply may never be accepted,
+// and what it wrote would be lost. The linger's wait for the peer's ack
+// of all this costs both sides a round trip and a wake-up, at the time a
+// program that dials per request makes its next connection
+// (docs/setup.md, "A close that waits for nothing").
+func (c *Conn) deliveredLocked() bool {
+	return len(c.ctlq) == 0 && len(c.txq) == 0 && c.wtx == nil && !c.rd.active &&
+		c.copyInFlight == 0 && !c.lending && c.qp.Taken()
 }
 
 // read is Read without the error wrapping; the caller holds rmu.

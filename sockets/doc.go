@@ -66,7 +66,9 @@
 // send of ours first looks for the answer for Config.ReplyWait (1 µs),
 // about what a wake-up system call would cost: a quick answer then costs
 // no sleep and no wake-up. A closed connection lingers in a goroutine of
-// its own until the peer has taken what it wrote.
+// its own until the peer has taken what it wrote — unless all of it lies
+// in the peer's ring already, which the peer reads after we hang up: then
+// it hangs up at once.
 //
 // # Concurrency
 //

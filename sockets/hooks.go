@@ -1,5 +1,7 @@
 package sockets
 
+import "sync/atomic"
+
 // step names a point of the session protocol at which a test may stop a
 // process (to kill it there: the peer-death tests of the reliability
 // campaign).
@@ -21,6 +23,10 @@ const (
 // testHook is nil except in tests, which set it before any connection
 // exists. It is called at each step with Conn.mu held.
 var testHook func(step)
+
+// testHookHandshake, if set, runs before each handshake of a listener
+// (the tests of a dial its listener has not taken yet).
+var testHookHandshake atomic.Pointer[func()]
 
 // hook calls testHook, if set.
 func hook(s step) {

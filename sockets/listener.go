@@ -263,6 +263,9 @@ func (l *Listener) acceptSHM() {
 // handshake sets up the connection p and hands it to Accept. A peer that
 // fails the handshake is dropped (refused, with a reason, by the nic).
 func (l *Listener) handshake(p *nic.Pending) {
+	if h := testHookHandshake.Load(); h != nil {
+		(*h)()
+	}
 	l.pmu.Lock()
 	if l.closed() {
 		l.pmu.Unlock()

@@ -103,4 +103,5 @@ func snapshotStats(emit func(group, name string, v uint64)) {
 	e("waits_parked", c.WaitsParked)
 	e("inline_takes", c.InlineTakes)
 	e("poller_waits", c.PollerWaits)
+	e("quick_closes", c.QuickCloses)
 }

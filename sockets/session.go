@@ -378,7 +378,16 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	if c.kick.Load() == k && !(dl != nil && dl.expired.Load()) {
 		c.stats.count(cSleeps, 1)
 		var how shm.Outcome
-		n, how, err = c.cq.WaitOutcome(comps, t)
+		if c.qp.Taken() || c.cfg.Wait.Mode != shm.WaitAdaptive {
+			n, how, err = c.cq.WaitOutcome(comps, t)
+		} else {
+			// An early dial its listener has not taken yet: the
+			// answer needs the listener's accept and handshake first,
+			// longer than a spin, and the connect woke the listener's
+			// thread on this CPU, where a spin would hold it off
+			// (docs/setup.md, "Waits before the listener's reply").
+			n, how, err = c.cq.WaitParkedOutcome(comps, t)
+		}
 		switch how {
 		case shm.WaitedSpun:
 			c.stats.count(cWaitsSpun, 1)

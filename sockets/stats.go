@@ -56,6 +56,7 @@ type Counters struct {
 	Spills         uint64 // unread messages moved out of the ring to let a control message behind them go back
 	InlineTakes    uint64 // Reads that took messages from the ring under their own lock, without a poller's wait (docs/performance.md)
 	PollerWaits    uint64 // a Read, Write or Close that waited for another call's poller round: the two directions meeting on one connection
+	QuickCloses    uint64 // Closes that found all they wrote in the peer's ring and hung up at once, without a linger (Conn.Close)
 }
 
 type counter int
@@ -101,6 +102,7 @@ const (
 	cSpills
 	cInlineTakes
 	cPollerWaits
+	cQuickCloses
 	nCounters
 )
 
@@ -175,6 +177,6 @@ func (s *stats) snapshot() Counters {
 		CreditStalls: v(cCreditStalls), Cancels: v(cCancels), ENOBUFS: v(cENOBUFS),
 		Aborts: v(cAborts), Resets: v(cResets), Doorbells: v(cDoorbells), Registers: v(cRegisters),
 		Sleeps: v(cSleeps), WaitsSpun: v(cWaitsSpun), WaitsParked: v(cWaitsParked), RepliesCaught: v(cRepliesCaught), Spills: v(cSpills),
-		InlineTakes: v(cInlineTakes), PollerWaits: v(cPollerWaits),
+		InlineTakes: v(cInlineTakes), PollerWaits: v(cPollerWaits), QuickCloses: v(cQuickCloses),
 	}
 }

@@ -1,0 +1,134 @@
+package sockets
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// TestCloseQuick: a Close whose bytes, fin included, all lie in the peer's
+// ring hangs up at once, without a linger; the peer reads them all, then
+// io.EOF, and closes at once too (the queue pair is gone).
+func TestCloseQuick(t *testing.T) {
+	client, server := pipe(t, nil, nil)
+	msg := randBytes(3 * 1000)
+	if _, err := client.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c := client.(*Conn)
+	if n := c.Stats().QuickCloses; n != 1 {
+		t.Fatalf("QuickCloses %d after a Close with everything in the ring, want 1", n)
+	}
+	waitTorn(t, client)
+	server.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(server)
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("peer of a quick Close read %d of %d bytes, %v; want all, then EOF", len(got), len(msg), err)
+	}
+	server.Close()
+	waitTorn(t, server)
+}
+
+// TestCloseLingersForRendezvous: a Close while a rendezvous source is still
+// the peer's to read lingers until it is read; the peer gets every byte.
+func TestCloseLingersForRendezvous(t *testing.T) {
+	client, server := pipe(t, nil, nil)
+	msg := randBytes(1 << 20) // past EagerThreshold: a rendezvous
+	if _, err := client.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := client.(*Conn).Stats().QuickCloses; n != 0 {
+		t.Fatalf("QuickCloses %d with a rendezvous unread, want 0: the Close must linger", n)
+	}
+	server.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(server)
+	if err != nil || sha256.Sum256(got) != sha256.Sum256(msg) {
+		t.Fatalf("peer read %d of %d bytes, %v; want all, then EOF", len(got), len(msg), err)
+	}
+}
+
+// TestCloseEarlyBeforeTaken: an early dial (its listener answered before)
+// that writes and closes before the listener has taken it must linger:
+// hung up then, its listener would fail the handshake's reply and what it
+// wrote would be lost.
+func TestCloseEarlyBeforeTaken(t *testing.T) {
+	ln, err := Listen("sandirect", testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accept := func() (net.Conn, error) {
+		type res struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan res, 1)
+		go func() {
+			c, err := ln.Accept()
+			ch <- res{c, err}
+		}()
+		select {
+		case r := <-ch:
+			return r.c, r.err
+		case <-time.After(10 * time.Second):
+			return nil, io.ErrNoProgress
+		}
+	}
+	// A first connection makes the listener known: the next dial is early.
+	first, err := Dial("sandirect", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+	s.Close()
+	waitTorn(t, first)
+	waitTorn(t, s)
+
+	release := make(chan struct{})
+	hold := func() { <-release }
+	testHookHandshake.Store(&hold)
+	defer testHookHandshake.Store(nil)
+	c, err := Dial("sandirect", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.(*Conn).qp.Early() {
+		t.Fatal("the second dial is not early: the test tests nothing")
+	}
+	msg := []byte("written before the listener took the connection")
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.(*Conn).Stats().QuickCloses; n != 0 {
+		t.Errorf("QuickCloses %d on an early dial not yet taken, want 0", n)
+	}
+	testHookHandshake.Store(nil)
+	close(release)
+	s, err = accept()
+	if err != nil {
+		t.Fatalf("the early connection closed before its handshake was never accepted: %v", err)
+	}
+	defer s.Close()
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(s)
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("read %q, %v; want %q, then EOF", got, err, msg)
+	}
+	waitTorn(t, c)
+}
