@@ -12,7 +12,6 @@ import (
 
 	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/mem"
-	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/nic"
 )
 
@@ -31,10 +30,6 @@ type Conn struct {
 	stats        stats
 	owner        nic.Owner // the connection's cached registrations: flushed at teardown
 
-	// Lock order: rmu, then wmu, then mu, then the device's and the
-	// nic's locks. rmu is held by Read for its whole call, wmu by Write
-	// and CloseWrite.
-	rmu, wmu lockrank.Mutex
 	rdl, wdl deadline
 	closing  chan struct{} // closed by Close
 	kick     atomic.Uint32 // bumped when a waiting poller must look up
@@ -42,16 +37,62 @@ type Conn struct {
 	tearOnce sync.Once
 
 	// lendMu serializes WriteTo calls: one lends received data at a time
-	// (copy.go). Lock order: lendMu, then rmu.
+	// (copy.go). Lock order: lendMu, then mu, then the device's and the
+	// nic's locks.
 	lendMu lockrank.Mutex
 
 	// Bytes the Read (Write) in progress has delivered (accepted) so far,
-	// for the error of a fault in its buffer (fault.go); guarded by rmu
-	// (wmu).
+	// for the error of a fault in its buffer (fault.go); the reader's
+	// (writer's) gate's holder's.
 	readN, writeN int
 
 	mu lockrank.Mutex // guards everything below
+	// The gates serialize Reads (rg: Read, WriteTo's lends) and Writes (wg:
+	// Write, CloseWrite, ReadFrom's writes) for their whole call, waits
+	// included; teardown holds both, and Close passes through them.
+	rg, wg gate
 	session
+}
+
+// A gate lets one call of a direction in at a time, across the waits in
+// which it releases Conn.mu; the others wait at it. It is Conn.mu's to
+// guard: a call that finds it free takes it with the mu it holds anyway —
+// a mutex per direction cost a locked instruction per Read and per Write
+// (docs/performance.md, "Counters without locked adds").
+type gate struct {
+	busy bool
+	free chan struct{} // closed when the holder leaves; nil while nobody waits
+}
+
+// enterLocked takes g, first waiting until it is free (mu released in the
+// meantime); the caller holds mu, and holds it again when it returns.
+func (g *gate) enterLocked(mu *lockrank.Mutex) {
+	if g.busy {
+		g.wait(mu)
+	}
+	g.busy = true
+}
+
+// wait waits until g is free, mu released in the meantime.
+func (g *gate) wait(mu *lockrank.Mutex) {
+	for g.busy {
+		if g.free == nil {
+			g.free = make(chan struct{})
+		}
+		ch := g.free
+		mu.Unlock()
+		<-ch
+		mu.Lock()
+	}
+}
+
+// leaveLocked frees g and lets its waiters try again; the caller holds mu.
+func (g *gate) leaveLocked() {
+	g.busy = false
+	if g.free != nil {
+		close(g.free)
+		g.free = nil
+	}
 }
 
 // Stats returns a snapshot of the connection's counters.
@@ -118,9 +159,7 @@ func (c *Conn) opErr(op string, err error) error {
 // syscall.ECONNRESET when the peer reset the connection, and one matching
 // syscall.EFAULT after the bytes delivered when b's memory faulted.
 func (c *Conn) Read(b []byte) (int, error) {
-	c.rmu.Lock()
 	n, err := c.read(b)
-	c.rmu.Unlock()
 	if n > 0 {
 		c.stats.count(cBytesRead, uint64(n))
 	}
@@ -134,9 +173,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 // fault of b's memory returns the bytes accepted before it and an error
 // matching syscall.EFAULT.
 func (c *Conn) Write(b []byte) (int, error) {
-	c.wmu.Lock()
 	n, err := c.write(b)
-	c.wmu.Unlock()
 	traceIO(c, ioWrite, n, err) // tools/sdtrace: trace.go
 	return n, c.opErr("write", err)
 }
@@ -144,10 +181,12 @@ func (c *Conn) Write(b []byte) (int, error) {
 // CloseWrite ends the stream towards the peer, which reads io.EOF after
 // the data written so far. Reads go on.
 func (c *Conn) CloseWrite() error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.wg.enterLocked(&c.mu)
+	defer func() {
+		c.wg.leaveLocked()
+		c.mu.Unlock()
+	}()
 	switch {
 	case c.closed:
 		return c.opErr("close", net.ErrClosed)
@@ -179,10 +218,11 @@ func (c *Conn) Close() error {
 	c.closed = true
 	close(c.closing)
 	c.wakeLocked()
-	c.mu.Unlock()
 	// Let the calls in flight return; later ones see closed.
-	quiesce.Wait(&c.rmu, &c.wmu)
-	c.mu.Lock()
+	c.rg.enterLocked(&c.mu)
+	c.wg.enterLocked(&c.mu)
+	c.wg.leaveLocked()
+	c.rg.leaveLocked()
 	defer c.mu.Unlock()
 	switch {
 	case c.tearing:
@@ -224,9 +264,10 @@ func (c *Conn) deliveredLocked() bool {
 		c.copyInFlight == 0 && !c.lending && c.qp.Taken()
 }
 
-// read is Read without the error wrapping; the caller holds rmu.
+// read is Read without the error wrapping.
 func (c *Conn) read(b []byte) (n int, err error) {
 	c.mu.Lock()
+	c.rg.enterLocked(&c.mu)
 	c.readN = 0
 	// One return here keeps the defer open-coded: with readLoopLocked's
 	// many returns it was a stack-allocated record, run through the
@@ -304,9 +345,10 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 	}
 }
 
-// write is Write without the error wrapping; the caller holds wmu.
+// write is Write without the error wrapping.
 func (c *Conn) write(b []byte) (n int, err error) {
 	c.mu.Lock()
+	c.wg.enterLocked(&c.mu)
 	c.writeN = 0
 	defer c.endWrite(b, debug.SetPanicOnFault(true), &n, &err) // fault.go
 	if err := c.writableLocked(); err != nil {

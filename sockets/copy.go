@@ -103,10 +103,12 @@ func (c *Conn) relabel(err error, op string) error {
 // takes. Its error is what a Read would return before delivering
 // anything.
 func (c *Conn) lend() (b []byte, lent bool, err error) {
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.rg.enterLocked(&c.mu)
+	defer func() {
+		c.rg.leaveLocked()
+		c.mu.Unlock()
+	}()
 	for {
 		switch {
 		case c.closed:
@@ -271,11 +273,11 @@ func (c *Conn) writable() error {
 // one Write would: as data messages, or as a rendezvous whose source is t
 // itself (kept: t now belongs to the connection).
 func (c *Conn) writeTemp(t []byte, k int) (n int, kept bool, err error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
 	c.mu.Lock()
+	c.wg.enterLocked(&c.mu)
 	defer func() {
 		c.ensurePumpLocked()
+		c.wg.leaveLocked()
 		c.mu.Unlock()
 		traceIO(c, ioWrite, n, err) // tools/sdtrace: trace.go
 	}()

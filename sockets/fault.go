@@ -45,6 +45,7 @@ func (c *Conn) endRead(b []byte, old bool, n *int, err *error) {
 	if r := recover(); r != nil {
 		ferr := faultIn(r, b, "read")
 		if ferr == nil {
+			c.rg.leaveLocked()
 			c.mu.Unlock()
 			panic(r)
 		}
@@ -52,6 +53,7 @@ func (c *Conn) endRead(b []byte, old bool, n *int, err *error) {
 		*n, *err = c.readN, ferr
 	}
 	c.ensurePumpLocked()
+	c.rg.leaveLocked()
 	c.mu.Unlock()
 }
 
@@ -61,6 +63,7 @@ func (c *Conn) endWrite(b []byte, old bool, n *int, err *error) {
 	if r := recover(); r != nil {
 		ferr := faultIn(r, b, "write")
 		if ferr == nil {
+			c.wg.leaveLocked()
 			c.mu.Unlock()
 			panic(r)
 		}
@@ -68,6 +71,7 @@ func (c *Conn) endWrite(b []byte, old bool, n *int, err *error) {
 		*n, *err = c.writeN, ferr
 	}
 	c.ensurePumpLocked()
+	c.wg.leaveLocked()
 	c.mu.Unlock()
 }
 

@@ -142,8 +142,6 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		owner: nic.Owner(nextOwner.Add(1)),
 	}
 	c.lendMu.Init(lockrank.ConnLend)
-	c.rmu.Init(lockrank.ConnRead)
-	c.wmu.Init(lockrank.ConnWrite)
 	c.mu.Init(lockrank.Conn)
 	c.rdl.init()
 	c.wdl.init()

@@ -284,7 +284,7 @@ func (c *Conn) startRecvLocked(e *rxEntry, dst []byte) error {
 	}
 	if e.read {
 		// The nic copies in this goroutine (Config.InlineExec): not under
-		// mu. rmu keeps the receive side ours; the completion is
+		// mu. The reader's gate (Conn.rg) keeps the receive side ours; the completion is
 		// dispatched like any other.
 		wr := nic.SendWR{ID: wrRead, Op: nic.OpRead, Local: local, LKey: mr.LKey, Remote: e.addr + uint64(e.off), RKey: e.rkey, NonTemporal: c.rd.nt}
 		c.mu.Unlock()

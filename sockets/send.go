@@ -471,8 +471,8 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 // the write on the same queue pair, which executes its work in order, so
 // it reaches the peer after the data. The hooks run before the write and
 // before the done. It reports whether the write was posted. The nic
-// copies in this goroutine (Config.InlineExec), with mu released; wmu
-// keeps x ours.
+// copies in this goroutine (Config.InlineExec), with mu released; the writer's gate
+// (Conn.wg) keeps x ours.
 func (c *Conn) serveCTSLocked(x *txfer, flags uint8, before, after step) bool {
 	local := x.src[x.ctsOff : x.ctsOff+x.ctsLen]
 	wr := nic.SendWR{ID: wrWrite, Op: nic.OpWrite, Local: local, LKey: x.mr.LKey, Remote: x.ctsAddr, RKey: x.ctsKey}

@@ -138,9 +138,9 @@ func (c *Conn) linger() {
 // return. Idempotent.
 func (c *Conn) teardown() {
 	c.tearOnce.Do(func() {
-		c.rmu.Lock()
-		c.wmu.Lock()
 		c.mu.Lock()
+		c.rg.enterLocked(&c.mu)
+		c.wg.enterLocked(&c.mu)
 		c.tearing = true
 		// Data lent out of the ring (WriteTo) is read until its
 		// destination's Write returns: the ring must stay until then.
@@ -197,9 +197,9 @@ func (c *Conn) teardown() {
 		d.nic.Flush(c.owner)
 		c.wakeLocked()
 		abortSent := c.abortSent
+		c.wg.leaveLocked()
+		c.rg.leaveLocked()
 		c.mu.Unlock()
-		c.wmu.Unlock()
-		c.rmu.Unlock()
 		if abortSent {
 			c.awaitHangup(abortGrace)
 		}

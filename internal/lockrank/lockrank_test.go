@@ -20,7 +20,7 @@ var critical int
 func TestInOrder(t *testing.T) {
 	var a, b, c, free Mutex
 	var rw RWMutex
-	a.Init(ConnRead)
+	a.Init(ConnLend)
 	b.Init(Conn)
 	c.Init(Hub)
 	rw.Init(PinOwned)
@@ -48,8 +48,8 @@ func TestInOrder(t *testing.T) {
 
 // TestRankNames: the ranks are named as docs/locking.md names the locks.
 func TestRankNames(t *testing.T) {
-	if got := ConnRead.String(); got != "sockets.Conn.rmu (rank 10)" {
-		t.Errorf("ConnRead.String() = %q", got)
+	if got := ConnLend.String(); got != "sockets.Conn.lendMu (rank 5)" {
+		t.Errorf("ConnLend.String() = %q", got)
 	}
 	if got := StatsReader.String(); got != "stats.Reader.mu (rank 93)" {
 		t.Errorf("StatsReader.String() = %q", got)

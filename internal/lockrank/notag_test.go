@@ -16,7 +16,7 @@ func TestNoTagNoChecks(t *testing.T) {
 	}
 	var hi, lo Mutex
 	hi.Init(Hub)
-	lo.Init(ConnRead)
+	lo.Init(ConnLend)
 	hi.Lock()
 	lo.Lock()
 	critical++

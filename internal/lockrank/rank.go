@@ -17,8 +17,6 @@ const (
 	Unranked Rank = 0
 
 	ConnLend        Rank = 5  // sockets.Conn.lendMu
-	ConnRead        Rank = 10 // sockets.Conn.rmu
-	ConnWrite       Rank = 11 // sockets.Conn.wmu
 	Conn            Rank = 20 // sockets.Conn.mu
 	ListenerPending Rank = 25 // sockets.Listener.pmu
 	NegativeCache   Rank = 26 // sockets.negativeCache.mu
@@ -60,8 +58,6 @@ const (
 
 var names = map[Rank]string{
 	ConnLend:        "sockets.Conn.lendMu",
-	ConnRead:        "sockets.Conn.rmu",
-	ConnWrite:       "sockets.Conn.wmu",
 	Conn:            "sockets.Conn.mu",
 	ListenerPending: "sockets.Listener.pmu",
 	NegativeCache:   "sockets.negativeCache.mu",
