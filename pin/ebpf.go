@@ -24,8 +24,16 @@ type ebpfMon struct {
 	done  chan struct{}
 	pages uintptr
 	// set holds the watched granules (see granular); guarded by the
-	// Cache's mu, under which watch and unwatch are called.
+	// Cache's mu, under which watch, unwatch and drain are called.
 	set map[uint64]struct{}
+	// A drain's invalidations may release the last entry on a granule,
+	// whose unwatch would take the Monitor's locks that Sync holds while
+	// it applies events (its lifetime lock for reading a second time,
+	// which a Close waiting between the two deadlocks, and its control
+	// lock under its drain lock): while draining, the granules to unwatch
+	// wait in deferred until Sync returns. Guarded by the Cache's mu.
+	draining bool
+	deferred []uint64
 }
 
 // ebpfRingSize overrides the probes' ring buffer size (tests force an
@@ -131,6 +139,10 @@ func (e *ebpfMon) unwatch(addr, length uintptr) {
 func (e *ebpfMon) clear(g uint64) {
 	if _, ok := e.set[g]; ok {
 		delete(e.set, g)
+		if e.draining {
+			e.deferred = append(e.deferred, g)
+			return
+		}
 		e.m.Unwatch(uintptr(g<<bpfmon.GranuleShift), 1<<bpfmon.GranuleShift)
 	}
 }
@@ -138,6 +150,16 @@ func (e *ebpfMon) clear(g uint64) {
 func (e *ebpfMon) epoch() *atomic.Uint64 { return e.ep }
 
 func (e *ebpfMon) drain(_ uint64, apply func(s span, gone bool)) (lost uint64) {
+	e.draining = true
+	defer func() {
+		e.draining = false
+		// The Monitor counts references per granule: one re-watched
+		// since its clear holds its own, and this drops the old one.
+		for _, g := range e.deferred {
+			e.m.Unwatch(uintptr(g<<bpfmon.GranuleShift), 1<<bpfmon.GranuleShift)
+		}
+		e.deferred = e.deferred[:0]
+	}()
 	_, err := e.m.Sync(func(ev bpfmon.Event) {
 		lo := ev.Start &^ (e.pages - 1)
 		hi := ev.Start + ev.Length

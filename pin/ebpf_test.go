@@ -85,3 +85,48 @@ func TestEBPFScavenger(t *testing.T) {
 	}
 	t.Logf("stats %+v", c.Stats())
 }
+
+// TestEBPFDrainUnwatches: an munmap in the middle of the last cached entry
+// on a granule releases the rest of it, and that clears the granule's
+// watch from inside the drain — which holds the Monitor's locks while it
+// applies events: the unwatch waits until the drain is done (taken inside
+// it, the Monitor's lifetime lock was read-locked twice, which the
+// lock-rank checker reports and a Close waiting in between deadlocks).
+// The granule is watched again when an entry needs it.
+func TestEBPFDrainUnwatches(t *testing.T) {
+	c := newCache(t, ebpfMonitor(t))
+	const granule = 2 << 20
+	p, err := sys.MmapAnon(0, 2*granule, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.MunmapRange(p, 2*granule)
+	base := (p + granule - 1) &^ (granule - 1) // a whole granule inside
+	e := c.mon.(*ebpfMon)
+	state := func() (watched bool, deferred int) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, watched = e.set[uint64(base)/granule]
+		return watched, len(e.deferred)
+	}
+	id := cachedRegion(t, c, base, 8)
+	if w, _ := state(); !w {
+		t.Fatal("the granule of a cached entry is not watched")
+	}
+	munmap(t, base+3*page, 2)
+	wantInvalidations(t, c, 1)
+	if w, d := state(); w || d != 0 {
+		t.Errorf("after the drain: granule watched %v, %d unwatches deferred; want neither", w, d)
+	}
+	if _, err := sys.MmapAnon(base+3*page, 2*page, sys.MapFixedNoreplace); err != nil {
+		t.Fatal(err)
+	}
+	wantMiss(t, c, base, 8, id)
+	id = cachedRegion(t, c, base, 8)
+	if w, _ := state(); !w {
+		t.Error("the granule is not watched again for a new entry")
+	}
+	munmap(t, base+3*page, 2) // the new entry is invalidated too: its watch works
+	wantInvalidations(t, c, 2)
+	wantMiss(t, c, base, 3, id)
+}
