@@ -49,6 +49,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -58,6 +59,9 @@ import (
 )
 
 const envRole = "SANDIRECT_APP_ROLE" // "server" or "idle" in the child
+
+// envProfile, in a server child, names the file of its CPU profile (-cpuprofile).
+const envProfile = "SANDIRECT_APP_CPUPROFILE"
 
 // Record is one number, in the bench's schema (bench/suite.go).
 type Record struct {
@@ -104,6 +108,13 @@ func main() {
 // childMain is the body of a server process (envRole set); it returns
 // the exit status.
 func childMain() int {
+	if path := os.Getenv(envProfile); path != "" && os.Getenv(envRole) == "server" {
+		stop, err := startProfile(path)
+		if err != nil {
+			return exitCode(err)
+		}
+		defer stop()
+	}
 	switch role := os.Getenv(envRole); role {
 	case "server":
 		return exitCode(serveMain(os.Stdin, os.Stdout))
@@ -152,6 +163,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	fs.IntVar(&o.idle, "idle", 10000, "idle connections (fewer if RLIMIT_NOFILE is lower; 0: none)")
 	cases := fs.String("cases", strings.Join(allCases, ","), "cases to run, a `LIST` of "+strings.Join(allCases, ", "))
 	recPath := fs.String("records", "", "write the records to `FILE` (default standard output)")
+	prof := fs.String("cpuprofile", "", "write CPU profiles of the client, `PREFIX`.client.pprof, and of the gRPC and net/http server, PREFIX.server.pprof (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -188,6 +200,16 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		defer f.Close()
 		out = f
 	}
+	if *prof != "" {
+		stop, err := startProfile(*prof + ".client.pprof")
+		if err != nil {
+			return err
+		}
+		defer stop()
+		// The server process inherits it (startServer).
+		os.Setenv(envProfile, *prof+".server.pprof")
+		defer os.Unsetenv(envProfile)
+	}
 	w := &rowWriter{w: out}
 	if err := measure(ctx, w, o); err != nil {
 		return err
@@ -196,6 +218,22 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		return fmt.Errorf("%d measurements failed: %w", len(w.failed), errors.Join(w.failed...))
 	}
 	return nil
+}
+
+// startProfile starts a CPU profile into path; stop ends and writes it.
+func startProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 func parseInts(s string) ([]int, error) {

@@ -204,3 +204,29 @@ func TestHTTPConcurrentClients(t *testing.T) {
 		t.Errorf("rate rows for %v, want http/sandirect, http/unix and http/tcp", got)
 	}
 }
+
+// TestCPUProfile: -cpuprofile writes a profile of the client and one of
+// the server process, each a gzipped pprof protobuf.
+func TestCPUProfile(t *testing.T) {
+	prefix := t.TempDir() + "/p"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	err := run(ctx, &out, []string{"-rounds", "1", "-slice", "5ms", "-warm", "1ms", "-cases", "http",
+		"-http", "1024", "-clients", "1", "-cpuprofile", prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, side := range []string{"client", "server"} {
+		b, err := os.ReadFile(prefix + "." + side + ".pprof")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s profile: %d bytes, not gzipped", side, len(b))
+		}
+	}
+	if os.Getenv(envProfile) != "" {
+		t.Errorf("%s still set after the run", envProfile)
+	}
+}
