@@ -580,6 +580,19 @@ func (c *Cache) invalidateLocked(s span, gone bool) int {
 			c.invalidateEntryLocked(e, s, gone)
 			n++
 		}
+		if gone {
+			// Pages gone are dropped (below), not unpinned, so nothing
+			// clears the watches no cached entry needs any more: clear
+			// them over the entries' part of s (s itself may be the whole
+			// address space). Without this a granule stayed watched after
+			// its last entry's memory was unmapped, until the monitor's
+			// granule limit refused new ones.
+			for _, e := range hit {
+				if lo, hi := max(e.lo, s.lo), min(e.hi, s.hi); lo < hi {
+					c.unwatchFree(lo, hi-lo)
+				}
+			}
+		}
 		c.scratch = hit[:0]
 	}
 	for e := c.others.front(); e != &c.others.root; e = e.next {

@@ -129,4 +129,20 @@ func TestEBPFDrainUnwatches(t *testing.T) {
 	munmap(t, base+3*page, 2) // the new entry is invalidated too: its watch works
 	wantInvalidations(t, c, 2)
 	wantMiss(t, c, base, 3, id)
+
+	// All of an entry's memory unmapped: its pages are dropped, not
+	// unpinned, and the granule is cleared all the same.
+	if _, err := sys.MmapAnon(base+3*page, 2*page, sys.MapFixedNoreplace); err != nil {
+		t.Fatal(err)
+	}
+	id = cachedRegion(t, c, base, 8)
+	munmap(t, base, 8)
+	wantInvalidations(t, c, 3)
+	if w, d := state(); w || d != 0 {
+		t.Errorf("after the whole entry's munmap: granule watched %v, %d unwatches deferred; want neither", w, d)
+	}
+	if _, err := sys.MmapAnon(base, 8*page, sys.MapFixedNoreplace); err != nil {
+		t.Fatal(err)
+	}
+	wantMiss(t, c, base, 8, id)
 }
