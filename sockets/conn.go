@@ -160,9 +160,6 @@ func (c *Conn) opErr(op string, err error) error {
 // syscall.EFAULT after the bytes delivered when b's memory faulted.
 func (c *Conn) Read(b []byte) (int, error) {
 	n, err := c.read(b)
-	if n > 0 {
-		c.stats.count(cBytesRead, uint64(n))
-	}
 	traceIO(c, ioRead, n, err) // tools/sdtrace: trace.go
 	return n, c.opErr("read", err)
 }

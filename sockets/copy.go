@@ -169,10 +169,10 @@ func (c *Conn) endLend(n int) {
 		c.pumpLocked()
 		c.ensurePumpLocked()
 	}
-	c.mu.Unlock()
 	if n > 0 {
-		c.stats.count(cBytesRead, uint64(n))
+		c.stats.count(cBytesRead, uint64(n)) // under mu, as Read's (stats)
 	}
+	c.mu.Unlock()
 	traceIO(c, ioRead, n, nil) // tools/sdtrace: trace.go
 }
 

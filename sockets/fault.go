@@ -52,6 +52,10 @@ func (c *Conn) endRead(b []byte, old bool, n *int, err *error) {
 		c.abandonSendLocked()
 		*n, *err = c.readN, ferr
 	}
+	if *n > 0 {
+		// Under mu: WriteTo's lends count it too (stats: one writer).
+		c.stats.count(cBytesRead, uint64(*n))
+	}
 	c.ensurePumpLocked()
 	c.rg.leaveLocked()
 	c.mu.Unlock()
