@@ -3,10 +3,14 @@ package sockets
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/testutil"
 )
 
 // TestCloseQuick: a Close whose bytes, fin included, all lie in the peer's
@@ -131,4 +135,74 @@ func TestCloseEarlyBeforeTaken(t *testing.T) {
 		t.Fatalf("read %q, %v; want %q, then EOF", got, err, msg)
 	}
 	waitTorn(t, c)
+}
+
+// The quick-close child: dials args[0], writes args[1] bytes of randBytes
+// twice (the second dial is early, its listener known), closes and exits
+// at once — no Flush, no wait for its teardown. A Close that lingered
+// would fail it.
+func init() {
+	testutil.RegisterChild("close-and-exit", func(args []string) error {
+		n, err := strconv.Atoi(args[1])
+		if err != nil {
+			return err
+		}
+		for i := range 2 {
+			c, err := Dial("sandirect", args[0])
+			if err != nil {
+				return err
+			}
+			sc := c.(*Conn)
+			// An early dial closes quickly once its listener has taken
+			// it: the listener's byte in the ring says so.
+			if _, err := c.Write(randBytes(n)); err != nil {
+				return err
+			}
+			b := make([]byte, 1)
+			if _, err := io.ReadFull(c, b); err != nil {
+				return fmt.Errorf("dial %d: the listener's byte: %w", i, err)
+			}
+			if err := c.Close(); err != nil {
+				return err
+			}
+			if q := sc.Stats().QuickCloses; q != 1 {
+				return fmt.Errorf("dial %d: QuickCloses %d, want 1", i, q)
+			}
+		}
+		return nil // exits: what the second connection wrote lives in the rings alone
+	})
+}
+
+// TestCloseQuickThenExit: a process that closes quickly and exits at once
+// leaves what it wrote in the rings, which the listener reads to the
+// end: every byte, then io.EOF, not a reset.
+func TestCloseQuickThenExit(t *testing.T) {
+	ln, err := Listen("sandirect", testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const n = 20000 // three data messages
+	child := testutil.StartChild(t, "close-and-exit", nil, ln.Addr().String(), strconv.Itoa(n))
+	for i := range 2 {
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			// Read only once the child is gone.
+			if err := child.Wait(20 * time.Second); err != nil {
+				t.Fatalf("child: %v; output:\n%s", err, child.Output())
+			}
+		}
+		s.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(s)
+		if err != nil || !bytes.Equal(got, randBytes(n)) {
+			t.Fatalf("connection %d: read %d of %d bytes, %v; want all, then EOF", i, len(got), n, err)
+		}
+		s.Close()
+	}
 }

@@ -252,13 +252,16 @@ func (c *Conn) Close() error {
 // reads it from our memory), no write or receive rendezvous, no piece
 // copy under way. The peer must have taken the connection, too: an early
 // dial that hangs up before its listener's reply may never be accepted,
-// and what it wrote would be lost. The linger's wait for the peer's ack
+// and what it wrote would be lost. Its reply checked (nic.QueuePair.Taken)
+// says so, and so does any message the peer wrote into our ring, which it
+// can only do once its handshake is through — a reply the connection
+// reader has not got to yet. The linger's wait for the peer's ack
 // of all this costs both sides a round trip and a wake-up, at the time a
 // program that dials per request makes its next connection
 // (docs/setup.md, "A close that waits for nothing").
 func (c *Conn) deliveredLocked() bool {
 	return len(c.ctlq) == 0 && len(c.txq) == 0 && c.wtx == nil && !c.rd.active &&
-		c.copyInFlight == 0 && !c.lending && c.qp.Taken()
+		c.copyInFlight == 0 && !c.lending && (c.received > 0 || c.qp.Taken())
 }
 
 // read is Read without the error wrapping.
