@@ -178,12 +178,15 @@ func (p *Pending) Handshake(opts QPOptions) (*QueuePair, error) {
 		return nil, err
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		// Closed after its lock: qp.Close takes the device's lock, which
+		// ranks before Pending.mu (docs/locking.md).
+		p.mu.Unlock()
 		qp.Close()
 		return nil, fmt.Errorf("nic: accept: %w", ErrClosed)
 	}
 	p.handed = true
+	p.mu.Unlock()
 	return qp, nil
 }
 
