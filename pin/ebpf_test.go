@@ -6,8 +6,24 @@ import (
 	"runtime/debug"
 	"testing"
 
+	"github.com/sandirect/sandirect/internal/bpfmon"
 	"github.com/sandirect/sandirect/internal/sys"
 )
+
+// granule is the eBPF monitor's watch granule.
+const granule = 1 << bpfmon.GranuleShift
+
+// granuleMapped maps two granules of anonymous memory, unmapped at the
+// test's end, and returns the start of the whole granule inside them.
+func granuleMapped(t *testing.T) uintptr {
+	t.Helper()
+	p, err := sys.MmapAnon(0, 2*granule, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sys.MunmapRange(p, 2*granule) })
+	return (p + granule - 1) &^ (granule - 1)
+}
 
 // TestEBPFOverflowFlushes fills the probes' ring faster than it is drained:
 // the lost events make the cache drop everything (it cannot know which
@@ -16,13 +32,7 @@ func TestEBPFOverflowFlushes(t *testing.T) {
 	ebpfRingSize = os.Getpagesize()
 	defer func() { ebpfRingSize = 0 }()
 	c := newCache(t, ebpfMonitor(t))
-	const granule = 2 << 20
-	p, err := sys.MmapAnon(0, 2*granule, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.MunmapRange(p, 2*granule)
-	base := (p + granule - 1) &^ (granule - 1) // a whole granule inside
+	base := granuleMapped(t)
 	buf := sys.Bytes(base, page)
 	other := base + 16*page // same granule, not overlapping buf
 	h, err := c.Register(buf, 0)
@@ -95,13 +105,7 @@ func TestEBPFScavenger(t *testing.T) {
 // The granule is watched again when an entry needs it.
 func TestEBPFDrainUnwatches(t *testing.T) {
 	c := newCache(t, ebpfMonitor(t))
-	const granule = 2 << 20
-	p, err := sys.MmapAnon(0, 2*granule, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.MunmapRange(p, 2*granule)
-	base := (p + granule - 1) &^ (granule - 1) // a whole granule inside
+	base := granuleMapped(t)
 	e := c.mon.(*ebpfMon)
 	state := func() (watched bool, deferred int) {
 		c.mu.Lock()

@@ -30,8 +30,7 @@ func TestCloseQuick(t *testing.T) {
 		t.Fatalf("QuickCloses %d after a Close with everything in the ring, want 1", n)
 	}
 	waitTorn(t, client)
-	server.SetReadDeadline(time.Now().Add(10 * time.Second))
-	got, err := io.ReadAll(server)
+	got, err := readToEOF(server)
 	if err != nil || !bytes.Equal(got, msg) {
 		t.Fatalf("peer of a quick Close read %d of %d bytes, %v; want all, then EOF", len(got), len(msg), err)
 	}
@@ -53,8 +52,7 @@ func TestCloseLingersForRendezvous(t *testing.T) {
 	if n := client.(*Conn).Stats().QuickCloses; n != 0 {
 		t.Fatalf("QuickCloses %d with a rendezvous unread, want 0: the Close must linger", n)
 	}
-	server.SetReadDeadline(time.Now().Add(10 * time.Second))
-	got, err := io.ReadAll(server)
+	got, err := readToEOF(server)
 	if err != nil || sha256.Sum256(got) != sha256.Sum256(msg) {
 		t.Fatalf("peer read %d of %d bytes, %v; want all, then EOF", len(got), len(msg), err)
 	}
@@ -70,23 +68,7 @@ func TestCloseEarlyBeforeTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	accept := func() (net.Conn, error) {
-		type res struct {
-			c   net.Conn
-			err error
-		}
-		ch := make(chan res, 1)
-		go func() {
-			c, err := ln.Accept()
-			ch <- res{c, err}
-		}()
-		select {
-		case r := <-ch:
-			return r.c, r.err
-		case <-time.After(10 * time.Second):
-			return nil, io.ErrNoProgress
-		}
-	}
+	accept := func() (net.Conn, error) { return acceptAsync(ln)() }
 	// A first connection makes the listener known: the next dial is early.
 	first, err := Dial("sandirect", ln.Addr().String())
 	if err != nil {
@@ -129,8 +111,7 @@ func TestCloseEarlyBeforeTaken(t *testing.T) {
 		t.Fatalf("the early connection closed before its handshake was never accepted: %v", err)
 	}
 	defer s.Close()
-	s.SetReadDeadline(time.Now().Add(10 * time.Second))
-	got, err := io.ReadAll(s)
+	got, err := readToEOF(s)
 	if err != nil || !bytes.Equal(got, msg) {
 		t.Fatalf("read %q, %v; want %q, then EOF", got, err, msg)
 	}
@@ -198,8 +179,7 @@ func TestCloseQuickThenExit(t *testing.T) {
 				t.Fatalf("child: %v; output:\n%s", err, child.Output())
 			}
 		}
-		s.SetReadDeadline(time.Now().Add(10 * time.Second))
-		got, err := io.ReadAll(s)
+		got, err := readToEOF(s)
 		if err != nil || !bytes.Equal(got, randBytes(n)) {
 			t.Fatalf("connection %d: read %d of %d bytes, %v; want all, then EOF", i, len(got), n, err)
 		}

@@ -1,7 +1,9 @@
 package sockets
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync/atomic"
@@ -25,28 +27,14 @@ func pipe(t testing.TB, dialCfg, listenCfg *Config) (client, server net.Conn) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		ch <- res{c, err}
-	}()
+	accepted := acceptAsync(ln)
 	d := Dialer{Config: dialCfg}
 	client, err = d.Dial("sandirect", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		server = r.c
-	case <-time.After(10 * time.Second):
-		t.Fatal("accept timed out")
+	if server, err = accepted(); err != nil {
+		t.Fatal(err)
 	}
 	// The devices' monitors start in the background; tests of what is
 	// cached want them in place.
@@ -59,6 +47,34 @@ func pipe(t testing.TB, dialCfg, listenCfg *Config) (client, server net.Conn) {
 		waitTorn(t, server)
 	})
 	return client, server
+}
+
+// acceptAsync starts an Accept on ln; the function it returns waits for
+// it, 10 s at most.
+func acceptAsync(ln net.Listener) func() (net.Conn, error) {
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	return func() (net.Conn, error) {
+		select {
+		case r := <-ch:
+			return r.c, r.err
+		case <-time.After(10 * time.Second):
+			return nil, errors.New("accept timed out")
+		}
+	}
+}
+
+// readToEOF reads c to its end, 10 s at most.
+func readToEOF(c net.Conn) ([]byte, error) {
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	return io.ReadAll(c)
 }
 
 // waitTorn waits until a connection released everything.
