@@ -645,6 +645,7 @@ func (qp *QueuePair) dropPeerSegment(idx uint32) error {
 	}
 	seg := qp.peer.segs[idx]
 	delete(qp.peer.segs, idx)
+	qp.peer.unhotLocked(idx)
 	qp.peer.segMu.Unlock()
 	switch seg {
 	case nil:

@@ -246,6 +246,13 @@ func TestFreedSegmentUnmappedByPeer(t *testing.T) {
 	}
 	a.qp.peer.segMu.Lock()
 	n := len(a.qp.peer.segs)
+	// The copies' lock-free cache of segments holds none of the freed
+	// ones: a copy must never find an unmapped segment there.
+	for i := range a.qp.peer.hot {
+		if h := a.qp.peer.hot[i].Load(); h != nil && a.qp.peer.segs[h.idx] != h.seg {
+			t.Errorf("the hot segment cache holds segment %d, which the peer freed", h.idx)
+		}
+	}
 	a.qp.peer.segMu.Unlock()
 	if n != 1 {
 		t.Errorf("the queue pair knows %d peer segments, want 1", n)

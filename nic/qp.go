@@ -91,9 +91,32 @@ type peerInfo struct {
 	table    peerTable
 	tableSeg *shm.Segment
 
-	segMu      lockrank.Mutex // guards segs, segChanged
+	segMu      lockrank.Mutex // guards segs, segChanged, and writes to hot
 	segs       map[uint32]*shm.Segment
 	segChanged chan struct{} // closed and replaced when segs grows
+	// hot caches segs' live entries by index, direct-mapped, for copies to
+	// find without segMu: a lookup is one load (docs/performance.md, "An
+	// RDMA Write without a lock per lookup"). Written under segMu; an entry
+	// is cleared before its segment is retired, and a copy that loaded it
+	// before holds sqMu, which the retirement waits out.
+	hot [peerSegHot]atomic.Pointer[hotSeg]
+}
+
+// peerSegHot is the size of peerInfo.hot: a connection's peer has a few
+// memory segments, one per 64 MiB or so of device memory it allocated.
+const peerSegHot = 16
+
+// hotSeg is an entry of peerInfo.hot.
+type hotSeg struct {
+	idx uint32
+	seg *shm.Segment
+}
+
+// unhotLocked drops segment idx from the hot cache; the caller holds segMu.
+func (p *peerInfo) unhotLocked(idx uint32) {
+	if h := p.hot[idx%peerSegHot].Load(); h != nil && h.idx == idx {
+		p.hot[idx%peerSegHot].Store(nil)
+	}
 }
 
 // QueuePair is a connected pair of send and receive queues. It is safe for
@@ -325,6 +348,18 @@ func (qp *QueuePair) postSend(wr *SendWR) error {
 		// progress (RNR).
 		return qp.enqueueLocked(&sendOp{wr: *wr, mr: mr, rnrSince: time.Now(), rnrHead: qp.out.Released()})
 	}
+	if len(qp.sq) == 0 && qp.dev.cfg.InlineExec > 0 && n <= qp.dev.cfg.InlineExec && n <= qp.dev.cfg.Chunk {
+		// Nothing queued ahead and one chunk at most: run it now, with no
+		// record of the operation to build.
+		st, reason := qp.rdmaNow(wr, mr)
+		qp.sstats.InlineExecs++
+		failed := qp.finishSend(wr, n, st, reason)
+		qp.sqMu.Unlock()
+		if failed {
+			qp.flush()
+		}
+		return nil
+	}
 	if len(qp.sq) == 0 && qp.dev.cfg.InlineExec > 0 {
 		// Nothing queued ahead: run it now, up to InlineExec bytes (a send
 		// is all or nothing). What is left goes to the engine and to
@@ -446,6 +481,25 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 	return StatusSuccess, nil, op.done == n
 }
 
+// rdmaNow runs the RDMA Write or Read wr, of one chunk at most, of region
+// mr, and reports its status: execute's work for an operation that needs
+// no record. The caller holds sqMu.
+func (qp *QueuePair) rdmaNow(wr *SendWR, mr *MemoryRegion) (Status, error) {
+	need := AccessRemoteWrite
+	if wr.Op == OpRead {
+		need = AccessRemoteRead
+	}
+	n := len(wr.Local)
+	ent, err := qp.peer.table.lookup(wr.RKey, wr.Remote, uint64(n), need)
+	if err != nil {
+		return StatusRemoteAccess, err
+	}
+	if n == 0 {
+		return StatusSuccess, nil
+	}
+	return qp.copyChunk(wr.Op, wr.Local, mr, wr.Remote, &ent, wr.NonTemporal)
+}
+
 // sendNow puts the message b, of region mr (nil: application memory), on
 // the ring to the peer, waiting for room until wait (zero: not at all); it
 // reports whether the send is finished and with what status. The caller
@@ -564,10 +618,18 @@ func safeCopyBy(dst, src []byte, nt bool) (err error) {
 const segmentWait = 10 * time.Second
 
 func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
+	if h := p.hot[idx%peerSegHot].Load(); h != nil && h.idx == idx {
+		return h.seg, nil
+	}
 	// The common case, apart: a function with a defer in a loop pays for
 	// the runtime's defer records on every call (docs/performance.md).
 	p.segMu.Lock()
 	seg := p.segs[idx]
+	if seg != nil && seg != deniedSegment {
+		// A miss allocates: one per segment and slot, while copies go to
+		// that segment (two segments on one slot take turns).
+		p.hot[idx%peerSegHot].Store(&hotSeg{idx: idx, seg: seg})
+	}
 	p.segMu.Unlock()
 	if seg != nil && seg != deniedSegment {
 		return seg, nil
@@ -942,7 +1004,8 @@ func (qp *QueuePair) Close() error {
 		parkNotifier(qp.note, qp.dev)
 		parkImport(qp.peer.tableSeg, qp.dev)
 		qp.peer.segMu.Lock()
-		for _, s := range qp.peer.segs {
+		for idx, s := range qp.peer.segs {
+			qp.peer.unhotLocked(idx)
 			parkImport(s, qp.dev)
 		}
 		qp.peer.segs = nil
