@@ -329,3 +329,68 @@ func unixPair(b testing.TB) (net.Conn, net.Conn) {
 	b.Cleanup(func() { c.Close(); s.Close() })
 	return c, s
 }
+
+// BenchmarkDuplex streams size-byte writes between two connected ends in
+// this process, one way (client to server) or both ways at
+// once, each end's Writes and Reads from goroutines of their own, over the
+// default Config and over a Unix socket pair: what a direction loses when
+// the other runs beside it. The metric is the bytes moved per second, all
+// directions together ("SetBytes": one op moves size bytes each way that
+// runs).
+func BenchmarkDuplex(b *testing.B) {
+	for _, tr := range []string{"default", "unix"} {
+		for _, size := range []int{4 << 10, 64 << 10} {
+			for _, both := range []bool{false, true} {
+				mode := "oneway"
+				if both {
+					mode = "both"
+				}
+				b.Run(fmt.Sprintf("transport=%s/size=%s/%s", tr, sizeName(size), mode), func(b *testing.B) {
+					var c, s net.Conn
+					if tr == "unix" {
+						c, s = unixPair(b)
+					} else {
+						c, s = pipe(b, nil, nil)
+					}
+					dirs := [][2]net.Conn{{c, s}}
+					if both {
+						dirs = append(dirs, [2]net.Conn{s, c})
+					}
+					b.SetBytes(int64(size * len(dirs)))
+					b.ReportAllocs()
+					n := b.N
+					errs := make(chan error, 2*len(dirs))
+					for _, d := range dirs {
+						w, r := d[0], d[1]
+						go func() {
+							buf := make([]byte, size)
+							for range n {
+								if _, err := w.Write(buf); err != nil {
+									errs <- err
+									return
+								}
+							}
+							errs <- nil
+						}()
+						go func() {
+							buf := make([]byte, size)
+							var err error
+							for i := 0; i < n && err == nil; i++ {
+								_, err = io.ReadFull(r, buf)
+							}
+							errs <- err
+						}()
+					}
+					for range 2 * len(dirs) {
+						if err := <-errs; err != nil {
+							b.Fatal(err)
+						}
+					}
+					if sc, ok := c.(*Conn); ok && os.Getenv("SOCKETS_BENCH_STATS") != "" {
+						b.Logf("%+v", sc.Stats())
+					}
+				})
+			}
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Frames of TestConcurrentWrites: each Write is one frame, a header and a
@@ -179,5 +180,64 @@ func TestFullDuplex(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWritesBehindUnreadData: one end reads nothing while it writes two
+// large messages, each of which needs the peer's done (read rendezvous),
+// and the peer streams small messages to it meanwhile. The peer's dones
+// come behind data nobody reads, whose ring space holds our acks back: the
+// first done takes the peer's control credit, the second needs that
+// credit back. The writes must finish — the blocked ring space goes back
+// once the peer is short of credit (releaseLocked) — and both streams
+// arrive intact. Acks that wait for the data to be read and never for
+// the peer's credit hang the second write.
+func TestWritesBehindUnreadData(t *testing.T) {
+	cfg := &Config{ZeroCopy: ZeroCopyAlways}
+	a, b := pipe(t, cfg, cfg)
+	const small, count = 256, 400
+	bwrote := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; i < count && err == nil; i++ {
+			_, err = b.Write(pattern(i*small, small))
+		}
+		bwrote <- err
+	}()
+	waitFor(t, "the small writes to stall on credit", func() bool { return b.(*Conn).Stats().CreditStalls > 0 })
+	const big = 1 << 20
+	type result struct {
+		got []byte
+		err error
+	}
+	bread := make(chan result, 1)
+	go func() {
+		got := make([]byte, 2*big)
+		_, err := io.ReadFull(b, got)
+		bread <- result{got, err}
+	}()
+	a.SetWriteDeadline(time.Now().Add(20 * time.Second))
+	for i := range 2 {
+		if _, err := a.Write(pattern(i*big, big)); err != nil {
+			t.Fatalf("write %d of %d bytes behind unread data: %v (%s)", i, big, err, a.(*Conn).debugState())
+		}
+	}
+	r := <-bread
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !bytes.Equal(r.got, pattern(0, 2*big)) {
+		t.Error("the large writes arrived altered")
+	}
+	got := make([]byte, small*count)
+	a.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadFull(a, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, pattern(0, small*count)) {
+		t.Error("the small writes arrived altered")
+	}
+	if err := <-bwrote; err != nil {
+		t.Fatal(err)
 	}
 }

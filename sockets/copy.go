@@ -146,7 +146,7 @@ func (c *Conn) lendHeadLocked() []byte {
 	e := &c.rx[c.rxHead]
 	b := e.data
 	if e.held {
-		c.lending, c.lendStart, c.lendAck = true, e.start, c.consumed
+		c.lending, c.lendStart, c.lendAck = true, e.start, c.ackBoundLocked()
 	}
 	c.consumeLocked(false)
 	c.popRxLocked()

@@ -42,11 +42,33 @@ func (c *Conn) canSendLocked(k class) bool {
 }
 
 // ackableLocked is the ack our next message may carry: what we consumed,
-// or while received data is lent (copy.go) what we had consumed when the
-// lend began — the ring space of what came since is not given back yet.
+// or while received data is lent (copy.go) what we could acknowledge when
+// the lend began — the ring space of what came since is not given back
+// yet.
 func (c *Conn) ackableLocked() uint32 {
 	if c.lending {
 		return c.lendAck
+	}
+	return c.ackBoundLocked()
+}
+
+// ackBoundLocked is what we consumed, but no more than the messages before
+// the first one whose ring space is held by unread data: an ack tells the
+// peer that the ring space of that many of its messages is free. Handled
+// messages behind unread data (a peer's done behind the data our reader
+// has not read yet: both directions share the ring) are acknowledged once
+// the data is read, or moved to the heap when the peer runs short of
+// credit (releaseLocked). Both terms only grow, so the ack does too.
+func (c *Conn) ackBoundLocked() uint32 {
+	if c.heldN > 0 {
+		for i := c.rxHead; i < len(c.rx); i++ {
+			if e := &c.rx[i]; e.held {
+				if b := uint32(e.seq); int32(b-c.consumed) < 0 {
+					return b
+				}
+				break
+			}
+		}
 	}
 	return c.consumed
 }

@@ -16,10 +16,16 @@ import (
 
 // releaseLocked gives the peer back the ring space of the messages before
 // the first one the application has not read. When handled messages wait
-// behind unread data (a control message behind data nobody reads yet), the
-// unread bytes move to the heap and all of it goes back: the peer's
+// behind unread data (a control message behind data nobody reads yet) and
+// the peer runs short of credit because of it, or either side is closing,
+// the unread bytes move to the heap and all of it goes back: the peer's
 // control messages must always find room, and what the application does
 // not read still holds its credit, so the heap holds at most a window.
+// While the peer has credit to spare the data stays where it lies, for a
+// Read that comes soon: in a stream both ways at once, every ring holds
+// one direction's data and the other's control messages, and moving the
+// data on each of those cost a copy and an allocation per message
+// (docs/performance.md, "Both directions at once").
 func (c *Conn) releaseLocked() {
 	if c.torn || c.relPos == c.inPos {
 		return
@@ -35,7 +41,7 @@ func (c *Conn) releaseLocked() {
 		// Nothing from the lent message on goes back (and spilling would
 		// not change that): acks stop at lendAck meanwhile.
 		to = min(to, c.lendStart)
-	} else if to != c.inPos && c.blockedLocked() {
+	} else if to != c.inPos && c.blockedLocked() && c.mustSpillLocked() {
 		c.spillLocked()
 		to = c.inPos
 	}
@@ -43,6 +49,15 @@ func (c *Conn) releaseLocked() {
 		c.qp.ReleaseRecv(to)
 		c.relPos = to
 	}
+}
+
+// mustSpillLocked tells whether blocked ring space must go back now: the
+// acks that unread data holds back leave the peer less credit than a
+// control message needs (it may be waiting to send us the done or cts our
+// writer waits for; data the application does not read holds the peer's
+// data back anyway), or a side is closing (a closer waits for our acks).
+func (c *Conn) mustSpillLocked() bool {
+	return c.window-(c.received-c.ackBoundLocked()) < uint32(classControl) || c.peerFin || c.closed || c.wclosed
 }
 
 // blockedLocked tells whether a handled message waits behind unread data:
