@@ -3,6 +3,7 @@ package sockets
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -100,10 +101,12 @@ func (r *deathRun) accept() *Conn {
 // randBytes returns n deterministic pseudo-random bytes.
 func randBytes(n int) []byte {
 	b := make([]byte, n)
-	rng := rand.New(rand.NewPCG(uint64(n), 99))
-	for i := range b {
-		b[i] = byte(rng.Uint32())
-	}
+	// In bulk: a call per byte took the soak's 32 MiB 3 s under the race
+	// detector, before its first connection moved a byte.
+	var seed [32]byte
+	binary.LittleEndian.PutUint64(seed[:], uint64(n))
+	seed[8] = 99
+	rand.NewChaCha8(seed).Read(b)
 	return b
 }
 
