@@ -39,6 +39,9 @@ func init() {
 				if err != nil {
 					return fmt.Errorf("lie: %w", err)
 				}
+				if tc.whole {
+					say("lied")
+				}
 				if err := expectOffenderReset(c); err != nil {
 					return err
 				}
@@ -95,6 +98,9 @@ func TestCampaignHostilePeer(t *testing.T) {
 			}
 			if tc.victim != nil {
 				go tc.victim(good)
+			}
+			if tc.whole {
+				n.wait(t, "lied")
 			}
 			expectVictimAbort(t, good, tc.reason)
 			n.wait(t, "ok")

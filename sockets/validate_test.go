@@ -166,6 +166,11 @@ type attack struct {
 	reason string
 	victim func(good net.Conn)
 	lie    func(bad *Conn) (check func() error, err error)
+	// whole: the victim reads only once the lie is all sent. A flood
+	// without credit shows as such only when the victim takes it in one
+	// go; a victim that reads while it comes acknowledges what it read,
+	// which makes the rest of the flood look credited.
+	whole bool
 }
 
 // say that lie sends h and payload and needs no check.
@@ -197,7 +202,7 @@ var attacks = []attack{
 			}
 		}
 		return nil, nil
-	}},
+	}, whole: true},
 	{name: "ack of unsent", reason: "never sent", lie: func(bad *Conn) (func() error, error) {
 		bad.mu.Lock()
 		bad.consumed += 1000
