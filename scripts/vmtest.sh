@@ -15,7 +15,11 @@
 #
 # Environment: VMTEST_TIMEOUT (seconds, default 300), VMTEST_KERNEL (a
 # linux-image package name, default the newest 6.1 cloud kernel),
-# VMTEST_REQUIRE (attach methods the tests must find, default "all").
+# VMTEST_REQUIRE (attach methods the tests must find, default "all"),
+# VMTEST_BENCH, VMTEST_BENCHTIME and VMTEST_COUNT (go test's -bench,
+# -benchtime and -count: benchmarks on that kernel, for instance
+# VMTEST_BENCH=Getpid scripts/vmtest.sh -run '^$', what an attached
+# monitor costs an unrelated system call with each attach method).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -94,6 +98,9 @@ done
 	echo "-test.timeout=$((timeout_s - 30))s"
 	echo "-test.short" # TCG runs ~20x slower than the host
 	[ -z "$run" ] || echo "-test.run=$run"
+	[ -z "${VMTEST_BENCH:-}" ] || echo "-test.bench=$VMTEST_BENCH"
+	[ -z "${VMTEST_BENCHTIME:-}" ] || echo "-test.benchtime=$VMTEST_BENCHTIME"
+	[ -z "${VMTEST_COUNT:-}" ] || echo "-test.count=$VMTEST_COUNT"
 } >"$root/tests/args"
 "$cache/vminit" pack "$cache/initramfs.cpio" "$root"
 
