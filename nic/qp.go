@@ -331,18 +331,19 @@ func (qp *QueuePair) postSend(wr *SendWR) error {
 		qp.sqMu.Unlock()
 		return qp.stateErr()
 	}
+	return qp.postLocked(wr, mr)
+}
+
+// postLocked is postSend once the request is checked: it runs wr now
+// where it can, else queues it for the engine. The caller holds sqMu,
+// which postLocked unlocks.
+func (qp *QueuePair) postLocked(wr *SendWR, mr *MemoryRegion) error {
+	n := len(wr.Local)
 	if len(qp.sq) == 0 && wr.Op == OpSend {
 		// The fast path of a send: into the peer's ring now, or queued
 		// for the engine when the ring is full.
-		st, reason, finished := qp.sendNow(wr.Local, mr, time.Time{})
-		if finished {
-			qp.sstats.InlineExecs++
-			failed := qp.finishSend(wr, n, st, reason)
-			qp.sqMu.Unlock()
-			if failed {
-				qp.flush()
-			}
-			return nil
+		if st, reason, finished := qp.sendNow(wr.Local, mr, time.Time{}); finished {
+			return qp.finishNowLocked(wr, n, st, reason)
 		}
 		// The peer's ring is full: the engine retries while the peer makes
 		// progress (RNR).
@@ -352,13 +353,7 @@ func (qp *QueuePair) postSend(wr *SendWR) error {
 		// Nothing queued ahead and one chunk at most: run it now, with no
 		// record of the operation to build.
 		st, reason := qp.rdmaNow(wr, mr)
-		qp.sstats.InlineExecs++
-		failed := qp.finishSend(wr, n, st, reason)
-		qp.sqMu.Unlock()
-		if failed {
-			qp.flush()
-		}
-		return nil
+		return qp.finishNowLocked(wr, n, st, reason)
 	}
 	if len(qp.sq) == 0 && qp.dev.cfg.InlineExec > 0 {
 		// Nothing queued ahead: run it now, up to InlineExec bytes (a send
@@ -380,6 +375,18 @@ func (qp *QueuePair) postSend(wr *SendWR) error {
 		return qp.enqueueLocked(queued)
 	}
 	return qp.enqueueLocked(&sendOp{wr: *wr, mr: mr})
+}
+
+// finishNowLocked completes wr, of n bytes, which ran at post time with
+// status st, and unlocks sqMu.
+func (qp *QueuePair) finishNowLocked(wr *SendWR, n int, st Status, reason error) error {
+	qp.sstats.InlineExecs++
+	failed := qp.finishSend(wr, n, st, reason)
+	qp.sqMu.Unlock()
+	if failed {
+		qp.flush()
+	}
+	return nil
 }
 
 // enqueueLocked queues op for the engine and unlocks sqMu. An inline
