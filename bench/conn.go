@@ -76,6 +76,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
@@ -473,6 +474,16 @@ func listenPipe(context.Context, string) (connListener, error) {
 }
 
 func dialPipe(context.Context, string) (io.ReadWriteCloser, error) {
+	// Inherited fds come in blocking mode (os/exec hands them over through
+	// File.Fd, which clears O_NONBLOCK): a read on one would block a
+	// thread and be woken directly, not wait in the netpoller as the
+	// parent's ends and every goroutine's socket do. Non-blocking, they
+	// go into this process's netpoller too (os.NewFile looks).
+	for _, fd := range []int{firstSegFd, firstSegFd + 1} {
+		if err := syscall.SetNonblock(fd, true); err != nil {
+			return nil, fmt.Errorf("inherited pipe %d: %w", fd, err)
+		}
+	}
 	r, w := os.NewFile(firstSegFd, "pipe-in"), os.NewFile(firstSegFd+1, "pipe-out")
 	if r == nil || w == nil {
 		return nil, errors.New("no inherited pipes")
