@@ -459,12 +459,8 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 		}
 		return st, err, finished
 	}
-	need := AccessRemoteWrite
-	if wr.Op == OpRead {
-		need = AccessRemoteRead
-	}
 	if !op.checked {
-		ent, err := qp.peer.table.lookup(wr.RKey, wr.Remote, uint64(n), need)
+		ent, err := qp.peer.table.lookup(wr.RKey, wr.Remote, uint64(n), accessNeeded(wr.Op))
 		if err != nil {
 			return StatusRemoteAccess, err, true
 		}
@@ -492,12 +488,8 @@ func (qp *QueuePair) execute(op *sendOp, budget int, wait time.Time) (Status, er
 // mr, and reports its status: execute's work for an operation that needs
 // no record. The caller holds sqMu.
 func (qp *QueuePair) rdmaNow(wr *SendWR, mr *MemoryRegion) (Status, error) {
-	need := AccessRemoteWrite
-	if wr.Op == OpRead {
-		need = AccessRemoteRead
-	}
 	n := len(wr.Local)
-	ent, err := qp.peer.table.lookup(wr.RKey, wr.Remote, uint64(n), need)
+	ent, err := qp.peer.table.lookup(wr.RKey, wr.Remote, uint64(n), accessNeeded(wr.Op))
 	if err != nil {
 		return StatusRemoteAccess, err
 	}
@@ -505,6 +497,15 @@ func (qp *QueuePair) rdmaNow(wr *SendWR, mr *MemoryRegion) (Status, error) {
 		return StatusSuccess, nil
 	}
 	return qp.copyChunk(wr.Op, wr.Local, mr, wr.Remote, &ent, wr.NonTemporal)
+}
+
+// accessNeeded is the access an RDMA operation op needs of the peer's
+// region.
+func accessNeeded(op Opcode) Access {
+	if op == OpRead {
+		return AccessRemoteRead
+	}
+	return AccessRemoteWrite
 }
 
 // sendNow puts the message b, of region mr (nil: application memory), on
@@ -632,13 +633,14 @@ func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
 	// the runtime's defer records on every call (docs/performance.md).
 	p.segMu.Lock()
 	seg := p.segs[idx]
-	if seg != nil && seg != deniedSegment {
+	live := seg != nil && seg != deniedSegment
+	if live {
 		// A miss allocates: one per segment and slot, while copies go to
 		// that segment (two segments on one slot take turns).
 		p.hot[idx%peerSegHot].Store(&hotSeg{idx: idx, seg: seg})
 	}
 	p.segMu.Unlock()
-	if seg != nil && seg != deniedSegment {
+	if live {
 		return seg, nil
 	}
 	return p.awaitSegment(idx)
