@@ -223,10 +223,11 @@ func (s *rdmaSide) waitSend(n int) error {
 		// A poll first: the completion of a small operation is there by
 		// the time its answer is, and the deadline's clock read would
 		// cost the measured loop as much as the poll.
-		k := s.scq.Poll(s.cbuf[:min(n, len(s.cbuf))])
+		buf := s.cbuf[:min(n, len(s.cbuf))]
+		k := s.scq.Poll(buf)
 		if k == 0 {
 			var err error
-			if k, err = s.scq.Wait(s.cbuf[:min(n, len(s.cbuf))], time.Now().Add(30*time.Second)); err != nil {
+			if k, err = s.scq.Wait(buf, time.Now().Add(30*time.Second)); err != nil {
 				return fmt.Errorf("send completion: %w", err)
 			}
 		}
