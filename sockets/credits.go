@@ -60,14 +60,9 @@ func (c *Conn) ackableLocked() uint32 {
 // the data is read, or moved to the heap when the peer runs short of
 // credit (releaseLocked). Both terms only grow, so the ack does too.
 func (c *Conn) ackBoundLocked() uint32 {
-	if c.heldN > 0 {
-		for i := c.rxHead; i < len(c.rx); i++ {
-			if e := &c.rx[i]; e.held {
-				if b := uint32(e.seq); int32(b-c.consumed) < 0 {
-					return b
-				}
-				break
-			}
+	if e := c.firstHeldLocked(); e != nil {
+		if b := uint32(e.seq); int32(b-c.consumed) < 0 {
+			return b
 		}
 	}
 	return c.consumed

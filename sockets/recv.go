@@ -31,11 +31,8 @@ func (c *Conn) releaseLocked() {
 		return
 	}
 	to := c.inPos
-	for i := c.rxHead; i < len(c.rx); i++ {
-		if e := &c.rx[i]; e.held {
-			to = e.start
-			break
-		}
+	if e := c.firstHeldLocked(); e != nil {
+		to = e.start
 	}
 	if c.lending {
 		// Nothing from the lent message on goes back (and spilling would
@@ -63,12 +60,21 @@ func (c *Conn) mustSpillLocked() bool {
 // blockedLocked tells whether a handled message waits behind unread data:
 // more messages were taken since the first held entry than are held.
 func (c *Conn) blockedLocked() bool {
+	e := c.firstHeldLocked()
+	return e != nil && c.taken-e.seq > uint64(c.heldN)
+}
+
+// firstHeldLocked returns the first rx entry that holds ring space, or nil.
+func (c *Conn) firstHeldLocked() *rxEntry {
+	if c.heldN == 0 {
+		return nil
+	}
 	for i := c.rxHead; i < len(c.rx); i++ {
 		if e := &c.rx[i]; e.held {
-			return c.taken-e.seq > uint64(c.heldN)
+			return e
 		}
 	}
-	return false
+	return nil
 }
 
 // holdLocked makes e, about to be queued, hold the ring space of the
