@@ -320,11 +320,31 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		return nil, err
 	}
 	capacity := d.cfg.RingCapacity
-	seg, err := newQPSegment(capacity)
+	key := knownKey{addr: conn.RemoteAddr().String(), hello: string(opts.PrivateData)}
+	pool := qpPoolKey{addr: key.addr, pid: pid}
+	seg, kept, reused, err := d.qpSegment(pool, capacity) // qppool.go
 	if err != nil {
 		return nil, err
 	}
-	key := knownKey{addr: conn.RemoteAddr().String(), hello: string(opts.PrivateData)}
+	// The peer has its own fd of the segment once the hello is out: ours
+	// goes, unless it is kept for the segment's next queue pair.
+	own := func(qp *QueuePair) {
+		if !kept {
+			seg.DropFd()
+			return
+		}
+		qp.poolKey, qp.segCap = &pool, capacity
+		if reused {
+			qp.sstats.SegmentsReused = 1
+		}
+	}
+	fail := func(err error) (*QueuePair, error) {
+		seg.Close() // it may be closed already
+		if kept {
+			d.qpKept.Add(-1)
+		}
+		return nil, err
+	}
 	if opts.Early {
 		reserved := d.reserveEarly() // known.go
 		if testHookEarlyReserve != nil {
@@ -332,16 +352,20 @@ func (d *Device) dial(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) {
 		}
 		if reserved {
 			if kp := d.knownFor(key, pid, uid); kp != nil {
-				return d.dialEarly(conn, opts, seg, capacity, kp)
+				qp, err := d.dialEarly(conn, opts, seg, capacity, kp, own)
+				if err != nil {
+					return fail(err)
+				}
+				return qp, nil
 			}
 			d.earlyOut.Add(-1)
 		}
 	}
 	qp, err := d.dialSegment(conn, opts, seg, capacity)
 	if err != nil {
-		seg.Close()
-		return nil, err
+		return fail(err)
 	}
+	own(qp)
 	qp.peer.pid, qp.peer.uid = pid, uid
 	if opts.Early {
 		d.learn(key, qp) // known.go
@@ -406,9 +430,6 @@ func (d *Device) dialSegment(conn *net.UnixConn, opts QPOptions, seg *shm.Segmen
 		sys.CloseAll(fds)
 		return nil, err
 	}
-	// The peer has its own fd of the segment: ours goes, the mapping
-	// stays the queue pair's.
-	seg.DropFd()
 	qp, err := d.newQP(conn, opts, true, qpFiles{seg: seg, qp: -1, table: fds[0], hubTable: fds[1], hubPipe: fds[2]}, capacity)
 	if err != nil {
 		return nil, err
@@ -477,16 +498,21 @@ func (d *Device) mapQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFile
 func (d *Device) attachQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpFiles, capacity int, note *shm.Notifier, tseg *shm.Segment, table peerTable) (*QueuePair, error) {
 	var err error
 	seg := f.seg
-	if seg == nil {
-		if seg, err = shm.OpenSegmentLazy(f.qp, kindQP, qpSegmentSize(capacity)); err != nil {
+	imported := seg == nil
+	if imported {
+		// The dialer's segment, or the mapping of it an earlier queue pair
+		// on it parked (qppool.go).
+		if seg, err = importQPSegment(f.qp, qpSegmentSize(capacity)); err != nil {
 			releaseImport(tseg)
 			return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
 		}
-		// The queue pair's memory is never passed on: the mapping is enough.
-		seg.DropFd()
 	}
 	fail := func(err error) (*QueuePair, error) {
-		seg.Close()
+		if imported {
+			releaseImport(seg)
+		} else {
+			seg.Close()
+		}
 		releaseImport(tseg)
 		return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
 	}
@@ -516,16 +542,17 @@ func (d *Device) attachQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpF
 	out.SetWake(nil, note)
 	in.SetWake(nil, note)
 	qp := &QueuePair{
-		note:       note,
-		dev:        d,
-		sendCQ:     opts.SendCQ,
-		recvCQ:     opts.RecvCQ,
-		inPlace:    opts.InPlace,
-		conn:       conn,
-		seg:        seg,
-		out:        out,
-		in:         in,
-		readerDone: make(chan struct{}),
+		note:        note,
+		dev:         d,
+		sendCQ:      opts.SendCQ,
+		recvCQ:      opts.RecvCQ,
+		inPlace:     opts.InPlace,
+		conn:        conn,
+		seg:         seg,
+		segImported: imported,
+		out:         out,
+		in:          in,
+		readerDone:  make(chan struct{}),
 	}
 	qp.sqMu.Init(lockrank.QPSend)
 	qp.rqMu.Init(lockrank.QPRecv)

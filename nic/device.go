@@ -144,6 +144,9 @@ type Device struct {
 
 	// earlyOut counts early dials whose reply has not come yet (known.go).
 	earlyOut atomic.Int32
+	// qpKept counts the queue-pair segments whose fds the dialer keeps for
+	// reuse, live and pooled (qppool.go).
+	qpKept atomic.Int32
 
 	mu   lockrank.Mutex                 // guards regs, free, memSegs, qps, closed; before QP and CQ locks
 	regs []atomic.Pointer[MemoryRegion] // by table index; read without mu
@@ -186,6 +189,9 @@ type Stats struct {
 	// Chunks of queued send-queue work run by pollers of the send CQ, and
 	// by the engine goroutine (the fallback while nobody polls).
 	PolledChunks, EngineChunks uint64
+	// Queue pairs of the dialer made on the segment of an earlier one
+	// (qppool.go).
+	SegmentsReused uint64
 }
 
 func (s *Stats) add(o *Stats) {
@@ -203,6 +209,7 @@ func (s *Stats) add(o *Stats) {
 	s.EngineExecs += o.EngineExecs
 	s.PolledChunks += o.PolledChunks
 	s.EngineChunks += o.EngineChunks
+	s.SegmentsReused += o.SegmentsReused
 }
 
 // Open creates a device.

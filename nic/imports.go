@@ -39,6 +39,7 @@ var importLinger = time.Second
 type parkedImports struct {
 	segs   map[*imported]struct{}
 	notes  map[*importedNotifier]struct{}
+	qps    []pooledQP  // the dialer's closed queue pairs' segments (qppool.go)
 	timer  *time.Timer // sweeps expired ones; nil while nothing is parked
 	due    time.Time   // when timer fires
 	closed bool        // the device closed: nothing is parked any more
@@ -103,14 +104,19 @@ func importSegment(fd int, kind uint32, wantMin int, readOnly bool) (*shm.Segmen
 		return im.ref(wantMin)
 	}
 	seg.DropFd()
+	registerImportLocked(&imported{key: key, seg: seg, refs: 1})
+	return seg, nil
+}
+
+// registerImportLocked records im, a new mapping. The caller holds
+// imports.mu.
+func registerImportLocked(im *imported) {
 	if imports.byKey == nil {
 		imports.byKey = map[importKey]*imported{}
 		imports.bySeg = map[*shm.Segment]*imported{}
 	}
-	im := &imported{key: key, seg: seg, refs: 1}
-	imports.byKey[key] = im
-	imports.bySeg[seg] = im
-	return seg, nil
+	imports.byKey[im.key] = im
+	imports.bySeg[im.seg] = im
 }
 
 // importHit takes a reference to the mapping of key if there is one.
@@ -147,7 +153,13 @@ func releaseImport(seg *shm.Segment) { dropImport(seg, nil) }
 // one d keeps the mapping for importLinger, unless it is closed.
 func parkImport(seg *shm.Segment, d *Device) { dropImport(seg, d) }
 
-func dropImport(seg *shm.Segment, d *Device) {
+func dropImport(seg *shm.Segment, d *Device) { dropImportFree(seg, d, nil) }
+
+// dropImportFree is dropImport that, when it drops the last reference,
+// runs free on the mapping's memory under imports.mu, before the mapping
+// is parked or unmapped: nobody can take the mapping again before free
+// has run (freeQPImport).
+func dropImportFree(seg *shm.Segment, d *Device, free func(mem []byte)) {
 	imports.mu.Lock()
 	im := imports.bySeg[seg]
 	if im == nil {
@@ -158,6 +170,9 @@ func dropImport(seg *shm.Segment, d *Device) {
 	if im.refs > 0 {
 		imports.mu.Unlock()
 		return
+	}
+	if free != nil {
+		free(seg.Bytes())
 	}
 	if d != nil && !d.parked.closed {
 		if d.parked.segs == nil {
@@ -227,7 +242,8 @@ func (d *Device) sweepParked() {
 			notes = append(notes, in.n)
 		}
 	}
-	known := d.sweepKnownLocked(now, &next) // known.go
+	segs = append(segs, d.sweepPooledQPLocked(due)...) // qppool.go
+	known := d.sweepKnownLocked(now, &next)            // known.go
 	if d.parked.timer != nil {
 		d.parked.timer.Stop() // a sweep armed for later than this one
 	}
@@ -260,11 +276,26 @@ func (d *Device) closeParked() {
 	d.sweepParked()
 }
 
-// importedSegments returns how many peer segments this process maps.
-func importedSegments() int {
+// importedSegments returns how many peer segments this process maps,
+// queue pairs' segments aside (importedQPSegments).
+func importedSegments() int { return countImports(func(k importKey) bool { return k.kind != kindQP }) }
+
+// importedQPSegments returns how many dialers' queue-pair segments this
+// process maps, parked ones included.
+func importedQPSegments() int {
+	return countImports(func(k importKey) bool { return k.kind == kindQP })
+}
+
+func countImports(match func(importKey) bool) int {
 	imports.mu.Lock()
 	defer imports.mu.Unlock()
-	return len(imports.byKey)
+	n := 0
+	for k := range imports.byKey {
+		if match(k) {
+			n++
+		}
+	}
+	return n
 }
 
 // Peers' wake hubs are opened once per process too, keyed by the hub

@@ -141,8 +141,8 @@ func (d *Device) sweepKnownLocked(now time.Time, next *time.Duration) []*knownPe
 // kp, sends the hello, and returns: the connection reader takes the
 // reply. It owns seg and kp's references.
 // The caller holds one of maxEarlyOut (reserveEarly) until takeReply.
-func (d *Device) dialEarly(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, kp *knownPeer) (*QueuePair, error) {
-	qp, err := d.dialEarlyOut(conn, opts, seg, capacity, kp)
+func (d *Device) dialEarly(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, kp *knownPeer, own func(*QueuePair)) (*QueuePair, error) {
+	qp, err := d.dialEarlyOut(conn, opts, seg, capacity, kp, own)
 	if err != nil {
 		d.earlyOut.Add(-1)
 	}
@@ -174,19 +174,19 @@ func (d *Device) reserveEarly() bool {
 	}
 }
 
-func (d *Device) dialEarlyOut(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, kp *knownPeer) (*QueuePair, error) {
+func (d *Device) dialEarlyOut(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, kp *knownPeer, own func(*QueuePair)) (*QueuePair, error) {
 	if err := d.sendHello(conn, opts, seg, capacity); err != nil {
 		seg.Close()
 		releaseImport(kp.tseg)
 		releaseNotifier(kp.note)
 		return nil, err
 	}
-	seg.DropFd() // the peer has its own
 	qp, err := d.attachQP(conn, opts, true, qpFiles{seg: seg, qp: -1}, capacity, kp.note, kp.tseg, kp.table)
 	if err != nil {
 		releaseNotifier(kp.note)
 		return nil, err
 	}
+	own(qp) // the segment's fd: dropped, or kept for reuse (qppool.go)
 	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version, qp.peer.private = kp.pid, kp.uid, kp.attr, kp.version, kp.reply
 	qp.awaiting = kp
 	qp.awaitKey = knownKey{addr: conn.RemoteAddr().String(), hello: string(opts.PrivateData)}

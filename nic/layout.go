@@ -68,6 +68,7 @@ func regTableSize(entries int) int { return regEntriesStart + entries*entrySize 
 //
 //	offset 0          segment header (shm)
 //	     128          qp header: magic u32 "QPSG" | version u32 | ring capacity u32
+//	                  | free u32 (qppool.go: 1 once the acceptor let go of it)
 //	     256          ring dialer → listener (shm ring layout)
 //	     256+R        ring listener → dialer, R = shm.RingSize(capacity)
 const (
@@ -75,6 +76,7 @@ const (
 	qpMagicOff    = qpHeaderOff
 	qpVersionOff  = qpMagicOff + 4
 	qpCapacityOff = qpVersionOff + 4
+	qpFreeOff     = qpCapacityOff + 4
 	qpRingsOff    = qpHeaderOff + 128
 
 	qpMagic   = 0x47535051 // "QPSG"

@@ -128,12 +128,18 @@ type QueuePair struct {
 	conn           *net.UnixConn
 	connMu         lockrank.Mutex // serializes writes to conn
 	seg            *shm.Segment
-	out            *shm.Producer
-	in             *shm.Consumer
-	note           *shm.Notifier // wakes the peer's waiters
-	inlineMax      int           // sends of at most this many bytes take postInline
-	inPlace        bool          // sends and receives are the owner's, in the rings (QPOptions.InPlace)
-	peer           peerInfo
+	// What becomes of seg at Close (qppool.go): the dialer pools it for
+	// the next dial to poolKey's process (non-nil when its fd is kept);
+	// the acceptor's import (segImported) is marked free and parked.
+	poolKey     *qpPoolKey
+	segCap      int
+	segImported bool
+	out         *shm.Producer
+	in          *shm.Consumer
+	note        *shm.Notifier // wakes the peer's waiters
+	inlineMax   int           // sends of at most this many bytes take postInline
+	inPlace     bool          // sends and receives are the owner's, in the rings (QPOptions.InPlace)
+	peer        peerInfo
 
 	// Lock order: sqMu, then rqMu, then CQ locks.
 	sqMu     lockrank.Mutex // guards sq, queued, closed, out; held while an op runs
@@ -986,6 +992,20 @@ func (qp *QueuePair) engineTurn(byPoller bool) (more, yielded bool) {
 	return more, false
 }
 
+// releaseSegment lets go of the queue pair's segment, which nothing of
+// ours touches any more: pooled for the dialer's next queue pair to the
+// same process, marked free and parked by the acceptor, else unmapped.
+func (qp *QueuePair) releaseSegment() {
+	switch {
+	case qp.poolKey != nil:
+		qp.dev.poolQP(qp.seg, *qp.poolKey, qp.segCap)
+	case qp.segImported:
+		freeQPImport(qp.seg, qp.dev)
+	default:
+		qp.seg.Close()
+	}
+}
+
 // Close moves the queue pair to the error state, flushes its work, tells
 // the peer, and releases its shared memory. It waits for the engine and
 // for waiters on its completion queues to let go of the mappings.
@@ -1007,7 +1027,7 @@ func (qp *QueuePair) Close() error {
 		qp.rqMu.Unlock()
 		qp.sqMu.Unlock()
 		qp.awaitRetired() // the reader, which starts them, is done
-		qp.seg.Close()
+		qp.releaseSegment()
 		// The peer's hub, table and segments stay mapped a while for the
 		// device's next queue pairs (imports.go).
 		parkNotifier(qp.note, qp.dev)

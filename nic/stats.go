@@ -163,6 +163,7 @@ func emitNICStats(emit func(group, name string, v uint64), g string, st *Stats) 
 	emit(g, "engine_execs", st.EngineExecs)
 	emit(g, "polled_chunks", st.PolledChunks)
 	emit(g, "engine_chunks", st.EngineChunks)
+	emit(g, "segments_reused", st.SegmentsReused)
 }
 
 func emitPinStats(emit func(group, name string, v uint64), g string, st pin.Stats) {

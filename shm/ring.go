@@ -33,6 +33,25 @@ func InitZeroedRing(region []byte, capacity int) error {
 	return nil
 }
 
+// ResetRing makes a ring that was used, and that neither side uses any
+// more, an empty one again, as InitZeroedRing leaves a fresh one: its
+// header lines (positions, doorbells, the closed flags) zeroed and
+// written, and the first record slot of its data area zeroed. The rest of
+// the data area keeps the old records and needs no clearing: a consumer
+// reads only the slot at its position, and the producer zeroes the slot
+// after each record before it commits the record, so no consumer ever
+// reaches a slot the producer has not written since the reset. Pages the
+// old records touched stay in memory, the point of reusing a ring.
+func ResetRing(region []byte, capacity int) error {
+	if err := checkRingRegion(region, capacity); err != nil {
+		return err
+	}
+	clear(region[:RingHeaderSize])
+	store64(word64(region, RingHeaderSize), 0)
+	writeRingHeader(region, capacity)
+	return nil
+}
+
 func checkRingRegion(region []byte, capacity int) error {
 	if capacity < MinRingCapacity || capacity > MaxRingCapacity || capacity&(capacity-1) != 0 {
 		return fmt.Errorf("shm: ring capacity %d is not a power of two in [%d, %d]", capacity, MinRingCapacity, MaxRingCapacity)

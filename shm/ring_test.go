@@ -510,3 +510,65 @@ func TestAdaptiveSpinsWhileItPays(t *testing.T) {
 		}
 	}
 }
+
+// TestResetRing uses a ring until it has wrapped and both sides closed
+// it, resets it, and uses it again: the new sides find it empty and open,
+// and every record is the new one, however the old ones lay.
+func TestResetRing(t *testing.T) {
+	const capacity = 4096
+	s, err := CreateSegment("ring", KindRings, SegmentHeaderSize+RingSize(capacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	region, err := s.Region(SegmentHeaderSize, RingSize(capacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := InitZeroedRing(region, capacity); err != nil {
+		t.Fatal(err)
+	}
+	use := func(round int, closeAtEnd bool) {
+		t.Helper()
+		p, err := NewProducer(region, WaitConfig{})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		c, err := NewConsumer(region, WaitConfig{})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if _, ok, err := c.Poll(); ok || err != nil {
+			t.Fatalf("round %d: a new ring holds a record (%v) or fails: %v", round, ok, err)
+		}
+		// 100 records of 50–249 bytes wrap a 4 KiB ring several times;
+		// each round lays them at other offsets.
+		for i := range 100 {
+			msg := bytes.Repeat([]byte{byte(round*100 + i)}, 50+(i*37+round*11)%200)
+			if err := p.Write(uint16(round), msg, time.Time{}); err != nil {
+				t.Fatalf("round %d record %d: %v", round, i, err)
+			}
+			rec, ok, err := c.Poll()
+			if !ok || err != nil || rec.Tag != uint16(round) || !bytes.Equal(rec.Data, msg) {
+				t.Fatalf("round %d record %d: ok %v err %v tag %d, %d bytes", round, i, ok, err, rec.Tag, len(rec.Data))
+			}
+			c.Release()
+		}
+		if closeAtEnd {
+			p.Close()
+			c.Close()
+		}
+	}
+	use(1, true)
+	if err := ResetRing(region, capacity); err != nil {
+		t.Fatal(err)
+	}
+	use(2, false) // left mid-stream: positions, not zero, are reset too
+	if err := ResetRing(region, capacity); err != nil {
+		t.Fatal(err)
+	}
+	use(3, true)
+	if err := ResetRing(region[:RingSize(capacity)-1], capacity); err == nil {
+		t.Fatal("ResetRing accepted a region too short for the ring")
+	}
+}
