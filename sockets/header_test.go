@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -108,6 +109,17 @@ func TestParseMessage(t *testing.T) {
 		t.Errorf("done with flagStaged: %v", err)
 	}
 	bad("credit with id", v[7], func(b []byte) []byte { binary.LittleEndian.PutUint32(b[offID:], 1); return b })
+	// Each field a data message does not use, set alone, is named.
+	for _, f := range []struct {
+		name string
+		off  int
+	}{{"id", offID}, {"size", offSize}, {"offset", offOffset}, {"addr", offAddr + 7}, {"rkey", offRKey + 7}} {
+		b := bytes.Clone(v[1])
+		b[f.off] = 1
+		if _, _, err := parseMessage(b); err == nil || !strings.Contains(err.Error(), "non-zero "+f.name) {
+			t.Errorf("data with %s set: %v, want an error naming the field", f.name, err)
+		}
+	}
 	bad("hello short", v[0], func(b []byte) []byte {
 		binary.LittleEndian.PutUint32(b[offLen:], helloSize-1)
 		return b[:len(b)-1]
