@@ -304,9 +304,12 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 		if len(b) == 0 {
 			return 0, nil
 		}
+		consumed := c.consumed
 		m, wait, err := c.readLocked(b, n)
 		n = m
-		c.pumpLocked() // credit for what was consumed
+		if c.consumed != consumed {
+			c.pumpLocked() // credit for what was consumed
+		}
 		switch {
 		case err != nil:
 			if n > 0 {

@@ -74,6 +74,12 @@ func (c *Conn) queueCtlLocked(m ctlMsg) {
 // pumpLocked sends queued control messages and an explicit credit
 // message when one is due.
 func (c *Conn) pumpLocked() {
+	if len(c.ctlq) == 0 && c.consumed == c.ackSent {
+		// Nothing queued, and nothing to acknowledge: what an ack may
+		// carry (ackableLocked) is at most what was consumed, and acks
+		// only grow. The common case on every Read and Write.
+		return
+	}
 	for len(c.ctlq) > 0 && c.canSendLocked(classControl) {
 		m := c.ctlq[0]
 		var h header
