@@ -275,6 +275,9 @@ func (c *Conn) read(b []byte) (n int, err error) {
 	// "Read's defers"). It also ends the region in which a fault of b's
 	// memory is recovered (fault.go).
 	defer c.endRead(b, debug.SetPanicOnFault(true), &n, &err)
+	if k, ok := c.readFastLocked(b); ok {
+		return k, nil
+	}
 	return c.readLoopLocked(b)
 }
 
