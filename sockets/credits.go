@@ -107,6 +107,9 @@ func (c *Conn) waitSendLocked() error {
 		if err := c.writableLocked(); err != nil {
 			return err
 		}
+		if len(c.ctlq) == 0 && c.canSendLocked(classData) {
+			return nil // the data message carries our ack: no credit message first
+		}
 		c.pumpLocked()
 		if len(c.ctlq) == 0 && c.canSendLocked(classData) {
 			return nil
