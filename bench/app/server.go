@@ -174,6 +174,11 @@ type child struct {
 	stdin  io.WriteCloser
 	stdout *bufio.Reader
 	stderr *outBuffer
+	// exited is closed once the child's Wait returned, with its error
+	// in waitErr (waitExit).
+	exited  chan struct{}
+	waitErr error
+	waiting bool
 }
 
 const childStartMax = 30 * time.Second
@@ -187,7 +192,7 @@ func startChild(ctx context.Context, role string, args ...string) (*child, error
 	cmd := exec.CommandContext(ctx, self, args...)
 	cmd.Env = append(os.Environ(), envRole+"="+role)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	c := &child{role: role, cmd: cmd, stderr: &outBuffer{max: 8 << 10}}
+	c := &child{role: role, cmd: cmd, stderr: &outBuffer{max: 8 << 10}, exited: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	if c.stdin, err = cmd.StdinPipe(); err != nil {
 		return nil, err
@@ -217,6 +222,13 @@ func (c *child) readJSON(v any, d time.Duration) error {
 	select {
 	case r := <-ch:
 		if r.err != nil {
+			// Its stdout ended: it exits, or did. Its stderr is all
+			// there only once Wait has copied the rest of it.
+			c.waitExit()
+			select {
+			case <-c.exited:
+			case <-time.After(d):
+			}
 			return fmt.Errorf("%s process: %w (its stderr: %s)", c.role, r.err, c.stderr)
 		}
 		return json.Unmarshal(r.line, v)
@@ -229,19 +241,31 @@ func (c *child) readJSON(v any, d time.Duration) error {
 // stop closes the child's stdin and waits for it to exit.
 func (c *child) stop() error {
 	c.stdin.Close()
-	done := make(chan error, 1)
-	go func() { done <- c.cmd.Wait() }()
+	c.waitExit()
 	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("%s process: %w (its stderr: %s)", c.role, err, c.stderr)
+	case <-c.exited:
+		if c.waitErr != nil {
+			return fmt.Errorf("%s process: %w (its stderr: %s)", c.role, c.waitErr, c.stderr)
 		}
 		return nil
 	case <-time.After(childStartMax):
 		c.cmd.Process.Kill()
-		<-done
+		<-c.exited
 		return fmt.Errorf("%s process did not exit in %v (its stderr: %s)", c.role, childStartMax, c.stderr)
 	}
+}
+
+// waitExit starts the child's Wait, once: after the reads of its stdout
+// (Wait closes the pipe). c.exited closes when it returns.
+func (c *child) waitExit() {
+	if c.waiting {
+		return
+	}
+	c.waiting = true
+	go func() {
+		c.waitErr = c.cmd.Wait()
+		close(c.exited)
+	}()
 }
 
 type server struct {
