@@ -502,7 +502,7 @@ func (d *Device) attachQP(conn *net.UnixConn, opts QPOptions, dialer bool, f qpF
 	if imported {
 		// The dialer's segment, or the mapping of it an earlier queue pair
 		// on it parked (qppool.go).
-		if seg, err = importQPSegment(f.qp, qpSegmentSize(capacity)); err != nil {
+		if seg, err = importSegment(f.qp, kindQP, qpSegmentSize(capacity), false); err != nil {
 			releaseImport(tseg)
 			return nil, fmt.Errorf("%w: queue pair segment: %v", ErrProtocol, err)
 		}

@@ -75,7 +75,8 @@ func init() { imports.mu.Init(lockrank.NICImports) }
 // ownership of fd. The checks are OpenSegment's (or
 // OpenSegmentReadOnly's); a file mapped before passed them already (its
 // seals, size and kind cannot change) and only its size is held against
-// wantMin again.
+// wantMin again. A queue pair's segment (kindQP, qppool.go) is mapped
+// lazily, and only one queue pair may hold it at a time.
 func importSegment(fd int, kind uint32, wantMin int, readOnly bool) (*shm.Segment, error) {
 	id, err := shm.FileIDOf(fd)
 	if err != nil {
@@ -88,9 +89,13 @@ func importSegment(fd int, kind uint32, wantMin int, readOnly bool) (*shm.Segmen
 		return seg, err
 	}
 	var seg *shm.Segment
-	if readOnly {
+	switch {
+	case readOnly:
 		seg, err = shm.OpenSegmentReadOnly(fd, kind, wantMin)
-	} else {
+	case kind == kindQP:
+		// Lazy: an idle connection touches a page or two of its rings.
+		seg, err = shm.OpenSegmentLazy(fd, kind, wantMin)
+	default:
 		seg, err = shm.OpenSegment(fd, kind, wantMin)
 	}
 	if err != nil {
@@ -104,19 +109,14 @@ func importSegment(fd int, kind uint32, wantMin int, readOnly bool) (*shm.Segmen
 		return im.ref(wantMin)
 	}
 	seg.DropFd()
-	registerImportLocked(&imported{key: key, seg: seg, refs: 1})
-	return seg, nil
-}
-
-// registerImportLocked records im, a new mapping. The caller holds
-// imports.mu.
-func registerImportLocked(im *imported) {
 	if imports.byKey == nil {
 		imports.byKey = map[importKey]*imported{}
 		imports.bySeg = map[*shm.Segment]*imported{}
 	}
-	imports.byKey[im.key] = im
-	imports.bySeg[im.seg] = im
+	im := &imported{key: key, seg: seg, refs: 1}
+	imports.byKey[key] = im
+	imports.bySeg[seg] = im
+	return seg, nil
 }
 
 // importHit takes a reference to the mapping of key if there is one.
@@ -136,6 +136,11 @@ func importHit(key importKey, wantMin int) (*shm.Segment, bool, error) {
 func (im *imported) ref(wantMin int) (*shm.Segment, error) {
 	if im.seg.Size() < wantMin {
 		return nil, fmt.Errorf("%w: segment of %d bytes, want at least %d", shm.ErrBadSegment, im.seg.Size(), wantMin)
+	}
+	if im.key.kind == kindQP && im.refs > 0 {
+		// Two queue pairs on one pair of rings would take each other's
+		// messages.
+		return nil, errQPSegmentInUse
 	}
 	if im.parked != nil {
 		delete(im.parked.parked.segs, im)

@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -151,50 +150,12 @@ func (d *Device) sweepPooledQPLocked(due func(time.Time) bool) []*shm.Segment {
 	return out
 }
 
-// importQPSegment maps the queue-pair segment behind fd, a dialer's, or
-// takes the mapping of the same file parked by an earlier queue pair. It
-// takes ownership of fd. A segment a live queue pair of ours maps is
-// refused: two queue pairs on the same rings would each take the other's
-// messages.
-func importQPSegment(fd int, size int) (*shm.Segment, error) {
-	id, err := shm.FileIDOf(fd)
-	if err != nil {
-		sys.Close(fd)
-		return nil, err
-	}
-	key := importKey{id: id, kind: kindQP}
-	inUse := fmt.Errorf("%w: the dialer's queue pair segment is in use by another of its queue pairs", ErrProtocol)
-	imports.mu.Lock()
-	if im := imports.byKey[key]; im != nil {
-		var seg *shm.Segment
-		err := inUse
-		if im.refs == 0 {
-			seg, err = im.ref(size)
-		}
-		imports.mu.Unlock()
-		sys.Close(fd)
-		return seg, err
-	}
-	imports.mu.Unlock()
-	// Lazy: an idle connection touches a page or two of its rings.
-	seg, err := shm.OpenSegmentLazy(fd, kindQP, size)
-	if err != nil {
-		return nil, err
-	}
-	seg.DropFd() // the queue pair's memory is never passed on
-	imports.mu.Lock()
-	defer imports.mu.Unlock()
-	if imports.byKey[key] != nil {
-		// Another accept mapped the same file meanwhile.
-		seg.Close()
-		return nil, inUse
-	}
-	registerImportLocked(&imported{key: key, seg: seg, refs: 1})
-	return seg, nil
-}
+// errQPSegmentInUse refuses a dialer's queue-pair segment that a live
+// queue pair of ours maps already (importSegment).
+var errQPSegmentInUse = fmt.Errorf("%w: the dialer's queue pair segment is in use by another of its queue pairs", ErrProtocol)
 
 // freeQPImport drops the acceptor's reference to a queue-pair segment
-// (importQPSegment's) once its queue pair is closed, marks the segment
+// (importSegment's) once its queue pair is closed, marks the segment
 // free for the dialer to reuse, and parks the mapping with d for the
 // accept of that next queue pair.
 func freeQPImport(seg *shm.Segment, d *Device) {

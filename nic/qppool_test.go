@@ -11,6 +11,19 @@ import (
 	"github.com/sandirect/sandirect/internal/testutil"
 )
 
+// listening opens two devices and a listener of the first, closed when
+// the test ends.
+func listening(t *testing.T) (a, b *Device, ln *Listener) {
+	t.Helper()
+	a, b = openDevice(t, nil), openDevice(t, nil)
+	ln, err := a.Listen(testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return a, b, ln
+}
+
 // qpLink dials ln of device a from device b and returns both queue pairs,
 // with CQs of their own.
 type qpLink struct {
@@ -78,12 +91,7 @@ func (l qpLink) exchange(t *testing.T, msg string) {
 func TestQPSegmentReused(t *testing.T) {
 	defer func(d time.Duration) { importLinger = d }(importLinger)
 	importLinger = time.Hour // nothing expires during the test
-	a, b := openDevice(t, nil), openDevice(t, nil)
-	ln, err := a.Listen(testAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	a, b, ln := listening(t)
 	qpImports := importedQPSegments()
 	first := link(t, a, b, ln)
 	seg := first.qb.seg
@@ -136,12 +144,7 @@ func TestQPSegmentReused(t *testing.T) {
 func TestQPSegmentHeldByAcceptor(t *testing.T) {
 	defer func(d time.Duration) { importLinger = d }(importLinger)
 	importLinger = time.Hour
-	a, b := openDevice(t, nil), openDevice(t, nil)
-	ln, err := a.Listen(testAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	a, b, ln := listening(t)
 	held := link(t, a, b, ln)
 	seg := held.qb.seg
 	held.qb.Close() // the acceptor's side stays open
@@ -169,12 +172,7 @@ func TestQPSegmentHeldByAcceptor(t *testing.T) {
 // one of the acceptor's live queue pairs runs on is refused, and the live
 // queue pair goes on.
 func TestQPSegmentInUseRefused(t *testing.T) {
-	a, b := openDevice(t, nil), openDevice(t, nil)
-	ln, err := a.Listen(testAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	a, b, ln := listening(t)
 	live := link(t, a, b, ln)
 	defer live.qa.Close()
 	defer live.qb.Close()

@@ -257,9 +257,7 @@ func (r *msgRule) checkPayload(t msgType, n uint32) error {
 
 // checkZero checks that the fields a message type does not use are zero.
 func checkZero(t msgType, h *header, used uint8) error {
-	// The common case first, without building the table below: every
-	// field the type does not use is zero.
-	var nz uint8
+	var nz uint8 // the fields that are not zero
 	if h.ID() != 0 {
 		nz |= fID
 	}
@@ -275,23 +273,23 @@ func checkZero(t msgType, h *header, used uint8) error {
 	if h.RKey() != 0 {
 		nz |= fRKey
 	}
-	if nz&^used == 0 {
+	bad := nz &^ used
+	if bad == 0 {
 		return nil
 	}
-	for _, f := range [...]struct {
-		bit  uint8
-		name string
-		v    uint64
-	}{
-		{fID, "id", uint64(h.ID())}, {fSize, "size", uint64(h.Size())}, {fOffset, "offset", uint64(h.Offset())},
-		{fAddr, "addr", h.Addr()}, {fRKey, "rkey", h.RKey()},
-	} {
-		if used&f.bit == 0 && f.v != 0 {
+	for _, f := range fieldNames {
+		if bad&f.bit != 0 {
 			return fmt.Errorf("%v with non-zero %s", t, f.name)
 		}
 	}
 	return nil
 }
+
+// fieldNames names the header fields of checkZero, in wire order.
+var fieldNames = [...]struct {
+	bit  uint8
+	name string
+}{{fID, "id"}, {fSize, "size"}, {fOffset, "offset"}, {fAddr, "addr"}, {fRKey, "rkey"}}
 
 func checkRTS(h header) error {
 	read := h.Flags()&flagRead != 0
