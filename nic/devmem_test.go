@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandirect/sandirect/internal/sys"
 )
 
@@ -119,8 +121,8 @@ func TestReceiveIntoFreedDeviceMemory(t *testing.T) {
 	}
 }
 
-// TestInlineSendFromVanishedBuffer posts an inline send whose buffer was
-// unmapped: PostSend returns, the send completes with a local access error
+// TestInlineSendFromVanishedBuffer posts an inline send whose buffer's
+// pages are gone (inaccessible): PostSend returns, the send completes with a local access error
 // (though unsignaled: failures always complete), the queue pair is in the
 // error state, the process lives on, and the peer receives nothing.
 func TestInlineSendFromVanishedBuffer(t *testing.T) {
@@ -130,11 +132,16 @@ func TestInlineSendFromVanishedBuffer(t *testing.T) {
 	if err := b.qp.PostRecv(RecvWR{ID: 7, Buf: rbuf, LKey: rmr.LKey}); err != nil {
 		t.Fatal(err)
 	}
+	// The buffer's pages are made inaccessible, not unmapped: an unmapped
+	// range can be mapped again by anyone in the process (the runtime, a
+	// segment import) before the send copies it, and an unsignaled send
+	// that succeeds completes nothing. The copy faults the same way.
 	mem, err := sys.MapAnon(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sys.Munmap(mem); err != nil {
+	defer sys.Munmap(mem)
+	if err := unix.Mprotect(mem, unix.PROT_NONE); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.qp.PostSend(SendWR{ID: 3, Op: OpSend, Local: mem[:64], Unsignaled: true}); err != nil {
