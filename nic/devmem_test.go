@@ -5,8 +5,6 @@ import (
 	"errors"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sandirect/sandirect/internal/sys"
 )
 
@@ -141,7 +139,7 @@ func TestInlineSendFromVanishedBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sys.Munmap(mem)
-	if err := unix.Mprotect(mem, unix.PROT_NONE); err != nil {
+	if err := sys.ProtectNone(mem); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.qp.PostSend(SendWR{ID: 3, Op: OpSend, Local: mem[:64], Unsignaled: true}); err != nil {

@@ -82,6 +82,10 @@ func MapAnon(length int) ([]byte, error) {
 // Munmap unmaps exactly the mapping b (as returned by a Map function).
 func Munmap(b []byte) error { return unix.Munmap(b) }
 
+// ProtectNone makes b's pages inaccessible (mprotect PROT_NONE): an access
+// faults, and the range stays reserved, as an unmapped one does not.
+func ProtectNone(b []byte) error { return unix.Mprotect(b, unix.PROT_NONE) }
+
 // MunmapRange unmaps [addr, addr+length) without the bookkeeping of Munmap;
 // for ranges that were not mapped through this package's Map functions.
 func MunmapRange(addr, length uintptr) error {

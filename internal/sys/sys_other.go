@@ -198,6 +198,7 @@ func MapShared(int, int, bool) ([]byte, error)    { return nil, unsupported("mma
 func MapSharedReadOnly(int, int) ([]byte, error)  { return nil, unsupported("mmap") }
 func MapAnon(int) ([]byte, error)                 { return nil, unsupported("mmap") }
 func Munmap([]byte) error                         { return unsupported("munmap") }
+func ProtectNone([]byte) error                    { return unsupported("mprotect") }
 func MunmapRange(uintptr, uintptr) error          { return unsupported("munmap") }
 func Mlock(uintptr, uintptr) error                { return unsupported("mlock") }
 func Munlock(uintptr, uintptr) error              { return unsupported("munlock") }
