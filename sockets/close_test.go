@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/sandirect/sandirect/internal/testutil"
+	"github.com/sandirect/sandirect/nic"
 )
 
 // TestCloseQuick: a Close whose bytes, fin included, all lie in the peer's
@@ -33,6 +35,43 @@ func TestCloseQuick(t *testing.T) {
 	got, err := readToEOF(server)
 	if err != nil || !bytes.Equal(got, msg) {
 		t.Fatalf("peer of a quick Close read %d of %d bytes, %v; want all, then EOF", len(got), len(msg), err)
+	}
+	server.Close()
+	waitTorn(t, server)
+}
+
+// TestWriteAfterPeerClosedKeepsData: the peer writes and closes at once
+// (a quick Close: it hangs up); our next Write fails on the queue pair in
+// error, and must not take down what the peer sent: a Read still gets all
+// of it, then io.EOF. A reset at the failed Write lost both.
+func TestWriteAfterPeerClosedKeepsData(t *testing.T) {
+	client, server := pipe(t, nil, nil)
+	msg := randBytes(3 * 1000)
+	if _, err := client.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitTorn(t, client)
+	sc := server.(*Conn)
+	// The hang-up reaches the server's queue pair (no Read polls here).
+	end := time.Now().Add(10 * time.Second)
+	for sc.qp.State() != nic.QPError {
+		if time.Now().After(end) {
+			t.Fatal("the server's queue pair never saw the client hang up")
+		}
+		runtime.Gosched()
+	}
+	if _, err := server.Write([]byte("late")); err == nil {
+		t.Fatal("Write to a peer that hung up succeeded")
+	}
+	got, err := readToEOF(server)
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("after a failed Write, read %d of the %d bytes the peer sent, %v; want all, then EOF", len(got), len(msg), err)
+	}
+	if n := sc.Stats().Resets; n != 0 {
+		t.Fatalf("%d resets counted for a peer that closed cleanly, want 0", n)
 	}
 	server.Close()
 	waitTorn(t, server)

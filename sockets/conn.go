@@ -320,12 +320,8 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 			return n, nil
 		case n > 0 && !c.rd.active:
 			return n, nil
-		case !c.rd.active && (c.err != nil || c.qpDead):
-			// Nothing more can come.
-			if c.err != nil {
-				return 0, c.err
-			}
-			return 0, &resetError{reason: "peer gone"}
+		case !c.rd.active && (c.err != nil || c.ringEnd):
+			return 0, c.failureLocked() // nothing more can come
 		}
 		if c.pollInlineLocked() {
 			continue
@@ -393,7 +389,7 @@ func (c *Conn) writableLocked() error {
 	case c.err != nil:
 		return c.err
 	case c.qpDead:
-		return &resetError{reason: "peer gone"}
+		return c.failureLocked()
 	case c.wclosed:
 		return syscall.EPIPE
 	}

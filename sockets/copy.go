@@ -124,7 +124,7 @@ func (c *Conn) lend() (b []byte, lent bool, err error) {
 				return nil, false, nil
 			}
 			return c.lendHeadLocked(), true, nil
-		case c.err != nil || c.qpDead:
+		case c.err != nil || c.ringEnd:
 			return nil, false, nil // nothing more can come: Read says why
 		}
 		gen := c.rounds

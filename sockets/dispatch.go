@@ -29,10 +29,10 @@ func (c *Conn) dispatchPolledLocked(n int) {
 // ring's read position, which a waiting poller looks at without mu.
 func (c *Conn) drainLocked() bool {
 	got := false
-	for !c.torn && !c.qpDead {
+	for !c.torn && !c.ringEnd {
 		data, end, ok, err := c.qp.RecvInPlace()
 		if err != nil {
-			c.qpFailedLocked(err)
+			c.ringEndLocked(err)
 			break
 		}
 		if !ok {
@@ -59,11 +59,11 @@ func (c *Conn) dispatchLocked(comp *nic.Completion) {
 	case wrBell:
 		c.interesting = true
 		if comp.Status != nic.StatusSuccess {
-			c.qpFailedLocked(comp.Err())
+			c.sendFailedLocked(comp.Err())
 		}
 	default:
 		c.interesting = true
-		c.qpFailedLocked(comp.Err())
+		c.sendFailedLocked(comp.Err())
 	}
 }
 
@@ -411,7 +411,11 @@ func (c *Conn) onRDMALocked(comp *nic.Completion) {
 			c.abortLocked(descriptorErr(err))
 			err = c.err
 		} else {
-			c.qpFailedLocked(err)
+			if comp.ID&wrKind == wrRead {
+				c.qpFailedLocked(err) // the stream we receive broke
+			} else {
+				c.sendFailedLocked(err) // ours: the peer's data still comes
+			}
 			if c.err != nil {
 				err = c.err
 			}

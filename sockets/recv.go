@@ -154,7 +154,7 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 			op := &c.rd
 			sink := c.sinkLocked(b[n:]) // to blame if it faults (fault.go)
 			if !op.done && !op.cancelled {
-				if (!op.read || op.split && op.readDone) && (c.err != nil || c.closed || c.qpDead) {
+				if (!op.read || op.split && op.readDone) && (c.err != nil || c.closed || c.ringEnd) {
 					// The sender will not serve our sink any more.
 					err := c.abandonRecvLocked()
 					return n, false, c.blameLocked(sink, "read", err)
@@ -204,10 +204,7 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 				// No rendezvous byte can come any more; a receive
 				// started now would register a buffer that a torn
 				// connection never deregisters.
-				if c.err != nil {
-					return n, false, c.err
-				}
-				return n, false, &resetError{reason: "peer gone"}
+				return n, false, c.failureLocked()
 			}
 			if err := c.startRecvLocked(e, b[n:]); err != nil {
 				return n, false, err
@@ -427,13 +424,10 @@ func (c *Conn) abandonRecvLocked() error {
 		c.dev.dropTemp(c.stage) // it may still be written: never reuse it
 		c.stage, c.staged = nil, nil
 	}
-	switch {
-	case c.closed:
+	if c.closed {
 		return net.ErrClosed
-	case c.err != nil:
-		return c.err
 	}
-	return &resetError{reason: "peer gone"}
+	return c.failureLocked()
 }
 
 // releaseStageLocked gives the staging buffer back when it is idle.

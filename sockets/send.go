@@ -34,7 +34,7 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 			c.abortLocked(protoErr("no room in the ring with %d credits left: the peer holds what it acknowledged", c.creditsLocked()))
 			return c.writableLocked()
 		}
-		c.qpFailedLocked(err)
+		c.sendFailedLocked(err)
 		return c.writableLocked()
 	}
 	copy(buf, h[:])
@@ -44,7 +44,7 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	copy(buf[headerSize:], payload)
 	c.reserved = false
 	if err := c.qp.CommitSend(n); err != nil {
-		c.qpFailedLocked(err)
+		c.sendFailedLocked(err)
 		return c.writableLocked()
 	}
 	if c.replyLook {
@@ -455,7 +455,7 @@ func (c *Conn) readRendezvousLocked(x *txfer, inline int) (int, error) {
 		case c.closed:
 			err = net.ErrClosed
 		case c.qpDead:
-			err = &resetError{reason: "peer gone"}
+			err = c.failureLocked()
 		case c.wdl.expired.Load():
 			// The peer may be reading our buffer: the only way to give
 			// it back now is to revoke it, which ends the connection.
@@ -490,7 +490,7 @@ func (c *Conn) serveCTSLocked(x *txfer, flags uint8, before, after step) bool {
 	c.mu.Lock()
 	if err != nil {
 		x.writing = false
-		c.qpFailedLocked(err)
+		c.sendFailedLocked(err)
 		return false
 	}
 	c.stats.count(cRDMAWrites, 1)
@@ -568,7 +568,7 @@ func (c *Conn) writeRendezvousLocked(x *txfer, inline int) (int, error) {
 		case c.err != nil:
 			err = c.err
 		case c.qpDead:
-			err = &resetError{reason: "peer gone"}
+			err = c.failureLocked()
 		case c.closed:
 			err = net.ErrClosed
 		case c.wdl.expired.Load():

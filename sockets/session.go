@@ -128,7 +128,9 @@ type session struct {
 	// Terminal state.
 	err       error // the connection failed: abort (ours) or reset (the peer's)
 	errDrain  bool  // deliver received data before err (a reset, not an abort)
-	qpDead    bool  // the queue pair is in the error state
+	qpDead    bool  // the queue pair is in the error state: no more sends
+	qpReason  error // why it is
+	ringEnd   bool  // nothing more comes in the ring (ringEndLocked)
 	closed    bool  // Close was called
 	wclosed   bool  // fin queued: no more writes
 	tearing   bool  // teardown started

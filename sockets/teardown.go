@@ -54,21 +54,57 @@ func (c *Conn) resetLocked(err error) {
 	c.teardownLocked()
 }
 
-// qpFailedLocked records that the queue pair failed: the peer closed it
-// or died, or a work request failed.
+// qpFailedLocked records that the queue pair failed where the stream we
+// receive breaks too — an RDMA operation of a rendezvous, whose bytes
+// can no longer come: the connection ends now (ringEndLocked).
 func (c *Conn) qpFailedLocked(reason error) {
+	if c.ringEnd {
+		return
+	}
+	if !c.qpDead {
+		c.qpDead, c.qpReason = true, reason
+	}
+	c.ringEndLocked(reason)
+}
+
+// sendFailedLocked records that the queue pair failed under one of our
+// sends: the peer hung up or died. Writes fail from now on, but what the
+// peer sent before it went — data, its fin — is still in the ring, and
+// Reads get it: the poller drains the ring and ends the connection at its
+// end (ringEndLocked). Ending it here lost that data (a peer that writes
+// and closes, then our Write: its bytes and its EOF gone).
+func (c *Conn) sendFailedLocked(reason error) {
 	if c.qpDead {
 		return
 	}
-	c.qpDead = true
+	c.qpDead, c.qpReason = true, reason
+	if c.err == nil && !c.closed && isRemoteAccess(reason) {
+		c.ringEnd = true
+		c.abortLocked(descriptorErr(reason))
+		return
+	}
+	c.wakeLocked() // a sleeping poller drains the ring
+	if c.closed || c.err != nil {
+		c.teardownLocked()
+	}
+}
+
+// ringEndLocked records that nothing more comes in the ring: it ended
+// (the queue pair failed, and what the peer sent before is taken), or the
+// stream broke. A fin taken before makes the end an EOF for Reads
+// (Writes fail); otherwise the connection is reset.
+func (c *Conn) ringEndLocked(reason error) {
+	c.ringEnd = true
+	if !c.qpDead {
+		c.qpDead, c.qpReason = true, reason
+	}
 	if c.err == nil && !c.closed {
-		var ce *nic.CompletionError
-		if errors.As(reason, &ce) && ce.Status == nic.StatusRemoteAccess {
-			c.abortLocked(descriptorErr(reason))
+		if isRemoteAccess(c.qpReason) {
+			c.abortLocked(descriptorErr(c.qpReason))
 			return
 		}
 		if !c.peerFin {
-			c.resetLocked(&resetError{reason: goneReason(reason)})
+			c.resetLocked(&resetError{reason: goneReason(c.qpReason)})
 			return
 		}
 		// After a fin, reads end with EOF; writes fail.
@@ -78,6 +114,22 @@ func (c *Conn) qpFailedLocked(reason error) {
 	if c.closed || c.err != nil {
 		c.teardownLocked()
 	}
+}
+
+// failureLocked is the error of a call that cannot go on because the
+// queue pair failed: the connection's error, or the queue pair's reason.
+func (c *Conn) failureLocked() error {
+	if c.err != nil {
+		return c.err
+	}
+	return &resetError{reason: goneReason(c.qpReason)}
+}
+
+// isRemoteAccess tells whether err is a completion the peer refused
+// access for: a descriptor it gave us was wrong.
+func isRemoteAccess(err error) bool {
+	var ce *nic.CompletionError
+	return errors.As(err, &ce) && ce.Status == nic.StatusRemoteAccess
 }
 
 // abortGrace bounds how long an aborting side waits for the peer to take
