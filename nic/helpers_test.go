@@ -46,6 +46,13 @@ func openDevice(t testing.TB, cfg *Config) *Device {
 // pair connects two devices of this process.
 func pair(t testing.TB, cfgA, cfgB *Config) (a, b *end) {
 	t.Helper()
+	return pairWith(t, cfgA, cfgB, func(*QPOptions) {})
+}
+
+// pairWith connects two devices of this process with both queue pairs'
+// options set by opt.
+func pairWith(t testing.TB, cfgA, cfgB *Config, opt func(*QPOptions)) (a, b *end) {
+	t.Helper()
 	a = &end{d: openDevice(t, cfgA)}
 	b = &end{d: openDevice(t, cfgB)}
 	for _, e := range []*end{a, b} {
@@ -59,10 +66,14 @@ func pair(t testing.TB, cfgA, cfgB *Config) (a, b *end) {
 	accepted := make(chan error, 1)
 	go func() {
 		var err error
-		b.qp, err = ln.Accept(QPOptions{SendCQ: b.scq, RecvCQ: b.rcq})
+		o := QPOptions{SendCQ: b.scq, RecvCQ: b.rcq}
+		opt(&o)
+		b.qp, err = ln.Accept(o)
 		accepted <- err
 	}()
-	a.qp, err = a.d.Dial(ln.Addr().String(), QPOptions{SendCQ: a.scq, RecvCQ: a.rcq})
+	o := QPOptions{SendCQ: a.scq, RecvCQ: a.rcq}
+	opt(&o)
+	a.qp, err = a.d.Dial(ln.Addr().String(), o)
 	if err != nil {
 		t.Fatal(err)
 	}

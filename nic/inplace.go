@@ -58,6 +58,10 @@ func (qp *QueuePair) AbandonSend() {
 	qp.out.Commit(tagNop, 0)
 }
 
+// testHookEmptyPoll, if set, runs when RecvInPlace found the ring empty,
+// before it decides between nothing yet and the end.
+var testHookEmptyPoll func()
+
 // RecvInPlace returns the next incoming send: its bytes, in the ring and
 // untrusted (the peer may still write them), valid until ReleaseRecv
 // passes end, the ring position after it. ok is false when nothing has
@@ -65,8 +69,17 @@ func (qp *QueuePair) AbandonSend() {
 // after Close; a failure moves the queue pair to the error state.
 func (qp *QueuePair) RecvInPlace() (data []byte, end uint64, ok bool, err error) {
 	for {
+		// The state is read before the ring: a peer that commits a send
+		// and then hangs up has its send in the ring by the time the
+		// hang-up is seen, so an empty ring after an error state read
+		// first is the end. Read after the ring, the state could show a
+		// hang-up whose last send came between the two: that send lost.
+		failed := qp.state.Load() == uint32(QPError)
 		rec, ok, err := qp.in.Poll()
-		if !ok && err == nil && qp.state.Load() == uint32(QPError) {
+		if !ok && err == nil && testHookEmptyPoll != nil {
+			testHookEmptyPoll()
+		}
+		if !ok && err == nil && failed {
 			// What the peer sent before it went is delivered first
 			// (setError leaves an in-place ring open): then the end.
 			return nil, 0, false, qp.stateErr()
