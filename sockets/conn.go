@@ -45,6 +45,9 @@ type Conn struct {
 	// for the error of a fault in its buffer (fault.go); the reader's
 	// (writer's) gate's holder's.
 	readN, writeN int
+	// The message a Read's fast path is copying into the application's
+	// buffer (fastread.go): endRead queues it if the copy faults.
+	fast fastTake
 
 	mu lockrank.Mutex // guards everything below
 	// The gates serialize Reads (rg: Read, WriteTo's lends) and Writes (wg:
@@ -275,6 +278,9 @@ func (c *Conn) read(b []byte) (n int, err error) {
 	// "Read's defers"). It also ends the region in which a fault of b's
 	// memory is recovered (fault.go).
 	defer c.endRead(b, debug.SetPanicOnFault(true), &n, &err)
+	if k, ok := c.readFastLocked(b); ok {
+		return k, nil
+	}
 	return c.readLoopLocked(b)
 }
 

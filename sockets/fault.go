@@ -43,6 +43,7 @@ import (
 func (c *Conn) endRead(b []byte, old bool, n *int, err *error) {
 	debug.SetPanicOnFault(old)
 	if r := recover(); r != nil {
+		c.abandonFastLocked() // fastread.go
 		ferr := faultIn(r, b, "read")
 		if ferr == nil {
 			c.rg.leaveLocked()

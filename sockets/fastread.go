@@ -1,0 +1,113 @@
+package sockets
+
+// The fast path of a Read (docs/performance.md, "A Read's fast path"):
+// when nothing is queued for Read and the connection is in its plain
+// state, the Read takes the ring's data messages itself and copies each
+// payload straight into its buffer — no rx entry queued and read back, no
+// hold of its ring space, one release. Anything else it meets (a control
+// message, data larger than what is left of the buffer) it hands to the
+// general dispatch, as a poller would, and stops there; readLoopLocked
+// goes on from that state.
+
+// readFastLocked delivers into b the data messages at the head of the
+// ring, if the connection allows the fast path now. ok false: it
+// delivered nothing, and the general path takes over (having lost
+// nothing: what it took from the ring is queued as the general dispatch
+// queues it).
+func (c *Conn) readFastLocked(b []byte) (n int, ok bool) {
+	if len(b) == 0 || c.polling || c.torn || c.closed || c.err != nil || c.qpDead || !c.helloDone ||
+		c.peerFin || c.lending || len(c.staged) > 0 || c.rxHead != len(c.rx) ||
+		// As pollInlineLocked: no RDMA operation can be outstanding,
+		// whose completion a poller would dispatch before the messages
+		// that came after it.
+		c.rd.active || c.wtx != nil || len(c.txq) > 0 || c.copyInFlight > 0 ||
+		c.rdl.expired.Load() {
+		return 0, false
+	}
+	c.polling = true // the ring's reader, as pollInlineLocked is
+	took := false
+	for n < len(b) && !c.torn && !c.qpDead && !c.ringEnd && c.err == nil {
+		data, end, got, err := c.qp.RecvInPlace()
+		if err != nil {
+			c.ringEndLocked(err) // as drainLocked: the ring ended
+			break
+		}
+		if !got {
+			break
+		}
+		took = true
+		start := c.inPos
+		c.inPos = end
+		c.taken++
+		c.interesting = true
+		if !c.takeDataLocked(b[n:], data, start, &n) {
+			break
+		}
+	}
+	if !took {
+		// Nothing came: no round to end (it would wake waiters for
+		// nothing). The general path waits.
+		c.polling = false
+		return 0, false
+	}
+	c.releaseLocked() // the ring space of what was read
+	c.pumpLocked()    // and its credit, when due
+	c.endPollLocked()
+	if n == 0 {
+		return 0, false // what came is queued for the general path
+	}
+	c.stats.count(cInlineTakes, 1)
+	return n, true
+}
+
+// fastTake is the message a fast path's copy is under way for.
+type fastTake struct {
+	active bool
+	data   []byte // its payload, in the ring
+	start  uint64 // its ring position
+}
+
+// abandonFastLocked, after a fault in a fast path's copy (endRead), queues
+// the message the copy was for as the general dispatch queues it, and ends
+// the fast path's round.
+func (c *Conn) abandonFastLocked() {
+	if !c.fast.active {
+		return
+	}
+	e := rxEntry{kind: msgData, data: c.fast.data}
+	c.holdLocked(&e, c.fast.start)
+	c.pushRxLocked(e)
+	c.fast = fastTake{}
+	c.releaseLocked()
+	c.endPollLocked()
+}
+
+// takeDataLocked copies msg, just taken from the ring at start, into dst
+// and adds its length to *n when it is a data message that fits; anything
+// else goes to the general dispatch (onRecvLocked), and it returns false:
+// the fast path ends there.
+func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
+	if len(msg) > c.bufSize || len(msg) < headerSize || msgType(msg[offType]) != msgData {
+		c.onRecvLocked(msg, start)
+		return false
+	}
+	h, payload, err := parseMessage(msg)
+	if err != nil || len(payload) > len(dst) {
+		c.onRecvLocked(msg, start) // it aborts, or queues the data
+		return false
+	}
+	c.stats.count(cMsgsReceived, 1)
+	if !c.creditedLocked(&h) {
+		return false // aborted
+	}
+	// dst is the application's and may fault: the Read's own fault
+	// region (fault.go) then runs abandonFastLocked, which queues the
+	// message as the general path would have it, nothing lost.
+	c.readN = *n
+	c.fast = fastTake{active: true, data: payload, start: start}
+	k := copy(dst, payload)
+	c.fast = fastTake{}
+	*n += k
+	c.consumeLocked(false)
+	return true
+}

@@ -1,0 +1,75 @@
+package sockets
+
+import (
+	"bytes"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
+)
+
+// TestReadFastPath: Reads that find data messages in the ring take them
+// themselves (InlineTakes), several into one buffer, and stop, intact, at
+// what they cannot take that way: a message larger than the rest of the
+// buffer, which the next Read delivers in order.
+func TestReadFastPath(t *testing.T) {
+	c, s := pipe(t, nil, nil)
+	msgs := [][]byte{bytes.Repeat([]byte{1}, 100), bytes.Repeat([]byte{2}, 200), bytes.Repeat([]byte{3}, 3000)}
+	for _, m := range msgs {
+		if _, err := c.Write(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := s.(*Conn).Stats().InlineTakes
+	buf := make([]byte, 1000)
+	n, err := s.Read(buf)
+	if err != nil || n != 300 || !bytes.Equal(buf[:100], msgs[0]) || !bytes.Equal(buf[100:300], msgs[1]) {
+		t.Fatalf("first Read: %d bytes, %v; want the first two messages, 300 bytes", n, err)
+	}
+	if s.(*Conn).Stats().InlineTakes == before {
+		t.Error("the Read did not take its messages from the ring itself")
+	}
+	rest := make([]byte, 3000)
+	if _, err := io.ReadFull(s, rest); err != nil || !bytes.Equal(rest, msgs[2]) {
+		t.Fatalf("the message left behind: %v", err)
+	}
+}
+
+// TestReadFastPathFault: a Read whose buffer faults while the fast path
+// copies a message into it fails with EFAULT, and the message is not
+// lost: a Read into good memory gets all of it.
+func TestReadFastPathFault(t *testing.T) {
+	c, s := pipe(t, nil, nil)
+	msg := make([]byte, 2000)
+	fillStream(msg, 0)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	page := sys.PageSize
+	region, err := sys.MapAnon(2 * page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.MunmapRange(sys.Addr(region), uintptr(len(region)))
+	if err := unmapHole(sys.Addr(region)+uintptr(page), page); err != nil {
+		t.Fatal(err)
+	}
+	// 1000 bytes before the hole, and the hole.
+	bad := region[page-1000 : page+1000]
+	before := s.(*Conn).Stats().InlineTakes
+	s.SetReadDeadline(time.Now().Add(10 * time.Second)) // a lost message fails, not hangs
+	_, err = s.Read(bad)
+	if ferr := isFault(err, "read"); ferr != nil {
+		t.Fatal(ferr)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("after the fault: %v, the message intact: %v", err, bytes.Equal(got, msg))
+	}
+	// The faulting Read queued the message for the general path, which
+	// the good Read took: no fast take counted.
+	if got := s.(*Conn).Stats().InlineTakes; got != before {
+		t.Errorf("InlineTakes went from %d to %d, want no fast take", before, got)
+	}
+}
