@@ -155,7 +155,7 @@ func (d *Device) dialEarly(conn *net.UnixConn, opts QPOptions, seg *shm.Segment,
 // handshakes at once, and their system calls, among that many runnable
 // goroutines, each take an OS thread from the Go scheduler
 // (docs/setup.md).
-const maxEarlyOut = 16
+const maxEarlyOut = 8
 
 // testHookEarlyReserve, if set, sees each early dial's reservation.
 var testHookEarlyReserve func(reserved bool)
