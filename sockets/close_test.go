@@ -20,13 +20,7 @@ import (
 // io.EOF, and closes at once too (the queue pair is gone).
 func TestCloseQuick(t *testing.T) {
 	client, server := pipe(t, nil, nil)
-	msg := randBytes(3 * 1000)
-	if _, err := client.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	if err := client.Close(); err != nil {
-		t.Fatal(err)
-	}
+	msg := writeThenClose(t, client, 3*1000)
 	c := client.(*Conn)
 	if n := c.Stats().QuickCloses; n != 1 {
 		t.Fatalf("QuickCloses %d after a Close with everything in the ring, want 1", n)
@@ -46,13 +40,7 @@ func TestCloseQuick(t *testing.T) {
 // of it, then io.EOF. A reset at the failed Write lost both.
 func TestWriteAfterPeerClosedKeepsData(t *testing.T) {
 	client, server := pipe(t, nil, nil)
-	msg := randBytes(3 * 1000)
-	if _, err := client.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	if err := client.Close(); err != nil {
-		t.Fatal(err)
-	}
+	msg := writeThenClose(t, client, 3*1000)
 	waitTorn(t, client)
 	sc := server.(*Conn)
 	// The hang-up reaches the server's queue pair (no Read polls here).
@@ -77,17 +65,25 @@ func TestWriteAfterPeerClosedKeepsData(t *testing.T) {
 	waitTorn(t, server)
 }
 
+// writeThenClose writes n random bytes on c and closes it; it returns
+// the bytes.
+func writeThenClose(t *testing.T, c net.Conn, n int) []byte {
+	t.Helper()
+	msg := randBytes(n)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return msg
+}
+
 // TestCloseLingersForRendezvous: a Close while a rendezvous source is still
 // the peer's to read lingers until it is read; the peer gets every byte.
 func TestCloseLingersForRendezvous(t *testing.T) {
 	client, server := pipe(t, nil, nil)
-	msg := randBytes(1 << 20) // past EagerThreshold: a rendezvous
-	if _, err := client.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	if err := client.Close(); err != nil {
-		t.Fatal(err)
-	}
+	msg := writeThenClose(t, client, 1<<20) // past EagerThreshold: a rendezvous
 	if n := client.(*Conn).Stats().QuickCloses; n != 0 {
 		t.Fatalf("QuickCloses %d with a rendezvous unread, want 0: the Close must linger", n)
 	}

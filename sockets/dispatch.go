@@ -30,23 +30,35 @@ func (c *Conn) dispatchPolledLocked(n int) {
 func (c *Conn) drainLocked() bool {
 	got := false
 	for !c.torn && !c.ringEnd {
-		data, end, ok, err := c.qp.RecvInPlace()
-		if err != nil {
-			c.ringEndLocked(err)
-			break
-		}
+		data, start, ok := c.nextMsgLocked()
 		if !ok {
 			break
 		}
 		got = true
-		start := c.inPos
-		c.inPos = end
-		c.taken++
-		c.interesting = true
 		c.onRecvLocked(data, start)
 	}
 	c.releaseLocked()
 	return got
+}
+
+// nextMsgLocked takes the next message from the ring, if one has come:
+// its bytes (in the ring, the peer's to scribble on) and its ring
+// position. A ring that failed or ended ends here (ringEndLocked). The
+// caller is the ring's reader (polling).
+func (c *Conn) nextMsgLocked() (data []byte, start uint64, ok bool) {
+	data, end, ok, err := c.qp.RecvInPlace()
+	if err != nil {
+		c.ringEndLocked(err)
+		return nil, 0, false
+	}
+	if !ok {
+		return nil, 0, false
+	}
+	start = c.inPos
+	c.inPos = end
+	c.taken++
+	c.interesting = true
+	return data, start, true
 }
 
 // dispatchLocked handles one completion: the queue pair's own RDMA work

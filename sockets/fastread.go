@@ -26,20 +26,12 @@ func (c *Conn) readFastLocked(b []byte) (n int, ok bool) {
 	}
 	c.polling = true // the ring's reader, as pollInlineLocked is
 	took := false
-	for n < len(b) && !c.torn && !c.qpDead && !c.ringEnd && c.err == nil {
-		data, end, got, err := c.qp.RecvInPlace()
-		if err != nil {
-			c.ringEndLocked(err) // as drainLocked: the ring ended
-			break
-		}
+	for n < len(b) && !c.torn && !c.qpDead && c.err == nil { // qpDead: ringEnd too
+		data, start, got := c.nextMsgLocked()
 		if !got {
 			break
 		}
 		took = true
-		start := c.inPos
-		c.inPos = end
-		c.taken++
-		c.interesting = true
 		if !c.takeDataLocked(b[n:], data, start, &n) {
 			break
 		}

@@ -58,13 +58,9 @@ func (c *Conn) resetLocked(err error) {
 // receive breaks too — an RDMA operation of a rendezvous, whose bytes
 // can no longer come: the connection ends now (ringEndLocked).
 func (c *Conn) qpFailedLocked(reason error) {
-	if c.ringEnd {
-		return
+	if !c.ringEnd {
+		c.ringEndLocked(reason)
 	}
-	if !c.qpDead {
-		c.qpDead, c.qpReason = true, reason
-	}
-	c.ringEndLocked(reason)
 }
 
 // sendFailedLocked records that the queue pair failed under one of our
