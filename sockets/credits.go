@@ -24,7 +24,7 @@ const (
 
 func classOf(t msgType) class {
 	switch t {
-	case msgData, msgRTS:
+	case msgData, msgShort, msgRTS:
 		return classData
 	case msgCredit, msgAbort:
 		return classCredit
@@ -82,15 +82,16 @@ func (c *Conn) consumeLocked(credit bool) {
 // messages never sent. Credits: the peer may have at most window messages
 // unacknowledged, the last two of which only for control and credit
 // messages, the last one only for credit messages and aborts.
-func (c *Conn) creditedLocked(h *header) bool {
-	t := h.Type()
+func (c *Conn) creditedLocked(h *header) bool { return c.creditLocked(h.Type(), h.Ack()) }
+
+// creditLocked is creditedLocked of a message of type t carrying ack.
+func (c *Conn) creditLocked(t msgType, ack uint32) bool {
 	limit := c.window - uint32(classOf(t)) + 1
 	if c.received-c.ackSent >= limit {
 		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
 		return false
 	}
 	c.received++
-	ack := h.Ack()
 	if ack-c.peerAck > c.sent-c.peerAck {
 		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
 		return false

@@ -89,6 +89,10 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 		c.abortLocked(protoErr("message of %d bytes, larger than our %d-byte messages", len(msg), c.bufSize))
 		return
 	}
+	if len(msg) > 0 && msgType(msg[offType]) == msgShort && c.helloDone {
+		c.onShortLocked(msg, start)
+		return
+	}
 	h, payload, err := parseMessage(msg)
 	if err != nil {
 		c.abortLocked(protoErr("malformed message: %v", err))
@@ -154,6 +158,23 @@ func (c *Conn) onDataLocked(payload []byte, start uint64) {
 		e := rxEntry{kind: msgData, data: payload}
 		c.holdLocked(&e, start)
 		c.pushRxLocked(e)
+	}
+}
+
+// onShortLocked is onRecvLocked of a short data message (shortFields).
+func (c *Conn) onShortLocked(msg []byte, start uint64) {
+	ack, payload, err := shortFields(msg)
+	switch {
+	case err != nil:
+		c.abortLocked(protoErr("malformed message: %v", err))
+		return
+	case c.version < shortVersion:
+		c.abortLocked(protoErr("short data in version %d", c.version))
+		return
+	}
+	c.stats.count(cMsgsReceived, 1)
+	if c.creditLocked(msgShort, ack) {
+		c.onDataLocked(payload, start)
 	}
 }
 

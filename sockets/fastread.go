@@ -1,5 +1,7 @@
 package sockets
 
+import "encoding/binary"
+
 // The fast path of a Read (docs/performance.md, "A Read's fast path"):
 // when nothing is queued for Read and the connection is in its plain
 // state, the Read takes the ring's data messages itself and copies each
@@ -79,17 +81,32 @@ func (c *Conn) abandonFastLocked() {
 // else goes to the general dispatch (onRecvLocked), and it returns false:
 // the fast path ends there.
 func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
-	if len(msg) > c.bufSize || len(msg) < headerSize || msgType(msg[offType]) != msgData {
+	var payload []byte
+	var ack uint32
+	switch {
+	case len(msg) > shortHeaderSize && len(msg) <= c.bufSize && c.version >= shortVersion &&
+		binary.LittleEndian.Uint32(msg) == uint32(msgShort):
+		// A short data message, well formed (shortFields): its first
+		// word is the type, zero flags and zero reserved bytes.
+		ack = binary.LittleEndian.Uint32(msg[offAck:])
+		payload = msg[shortHeaderSize:]
+	case len(msg) > c.bufSize || len(msg) < headerSize || msgType(msg[offType]) != msgData:
 		c.onRecvLocked(msg, start)
 		return false
+	default:
+		h, p, err := parseMessage(msg)
+		if err != nil {
+			c.onRecvLocked(msg, start) // it aborts
+			return false
+		}
+		payload, ack = p, h.Ack()
 	}
-	h, payload, err := parseMessage(msg)
-	if err != nil || len(payload) > len(dst) {
-		c.onRecvLocked(msg, start) // it aborts, or queues the data
+	if len(payload) > len(dst) {
+		c.onRecvLocked(msg, start) // it queues the data
 		return false
 	}
 	c.stats.count(cMsgsReceived, 1)
-	if !c.creditedLocked(&h) {
+	if !c.creditLocked(msgData, ack) {
 		return false // aborted
 	}
 	// dst is the application's and may fault: the Read's own fault

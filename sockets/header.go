@@ -53,12 +53,13 @@ const (
 	msgCredit                    // nothing but the ack (may use the reserved credit)
 	msgFin                       // end of this direction's stream (graceful close)
 	msgAbort                     // the sender aborts the connection; payload: reason
-	msgLast   = msgAbort
+	msgShort                     // eager data behind a short header (version 5): the payload is stream bytes
+	msgLast   = msgShort
 )
 
 var msgNames = [...]string{
 	msgHello: "hello", msgData: "data", msgRTS: "rts", msgCTS: "cts", msgDone: "done",
-	msgCancel: "cancel", msgCredit: "credit", msgFin: "fin", msgAbort: "abort",
+	msgCancel: "cancel", msgCredit: "credit", msgFin: "fin", msgAbort: "abort", msgShort: "short",
 }
 
 func (t msgType) String() string {
@@ -117,8 +118,18 @@ const (
 // Protocol versions this implementation speaks.
 const (
 	protoMinVersion = 1
-	protoMaxVersion = 4 // 2: done may carry flagStaged; 3: split transfers (flagSplit); 4: flagChunk
+	protoMaxVersion = 5 // 2: done may carry flagStaged; 3: split transfers (flagSplit); 4: flagChunk; 5: msgShort
+	// shortVersion is the first version with short data messages.
+	shortVersion = 5
 )
+
+// A short data message (msgShort, version 5) carries a header of the
+// first 8 bytes only — type, flags (0), reserved (0), ack — and then its
+// payload, the rest of the message: the nic's record says how long it is.
+// Data is most of what small writes send, and its header's other 32 bytes
+// are always zero: a short one is that much less to copy, check and move
+// between the caches (docs/protocol.md, "Short data").
+const shortHeaderSize = offLen // 8
 
 // header is a control message's fixed-size header. Its accessors read
 // and write the wire fields.
@@ -192,6 +203,7 @@ var msgRules = [...]msgRule{
 	msgCredit: {},
 	msgFin:    {},
 	msgAbort:  {payload: payloadReason},
+	msgShort:  {payload: payloadNonEmpty}, // parsed by parseShort
 }
 
 // parseMessage decodes and checks one control message as received from the
@@ -200,6 +212,9 @@ var msgRules = [...]msgRule{
 // checked; the checks that need connection state (credits, ids, offsets)
 // are the caller's.
 func parseMessage(b []byte) (h header, payload []byte, err error) {
+	if len(b) > 0 && msgType(b[offType]) == msgShort {
+		return parseShort(b)
+	}
 	if len(b) < headerSize {
 		return h, nil, fmt.Errorf("message of %d bytes, shorter than a header", len(b))
 	}
@@ -231,6 +246,37 @@ func parseMessage(b []byte) (h header, payload []byte, err error) {
 		}
 	}
 	return h, b[headerSize:], nil
+}
+
+// parseShort is parseMessage of a short data message: h comes back as a
+// whole header of type msgShort, its Len the payload's.
+func parseShort(b []byte) (h header, payload []byte, err error) {
+	ack, payload, err := shortFields(b)
+	if err != nil {
+		return h, nil, err
+	}
+	h.SetType(msgShort)
+	h.SetAck(ack)
+	h.SetLen(uint32(len(payload)))
+	return h, payload, nil
+}
+
+// shortFields checks a short data message, b, and returns its ack and
+// payload. The receive paths take these without a header: one rebuilt on
+// the stack from stores of different widths, then copied as a whole, cost
+// more than the short header saves (docs/performance.md, "Short data").
+func shortFields(b []byte) (ack uint32, payload []byte, err error) {
+	if len(b) <= shortHeaderSize {
+		return 0, nil, fmt.Errorf("empty %v message", msgShort)
+	}
+	w := binary.LittleEndian.Uint64(b) // one load: b is the peer's to change
+	if r := uint16(w >> 16); r != 0 {
+		return 0, nil, fmt.Errorf("reserved header field %#x", r)
+	}
+	if f := uint8(w >> 8); f != 0 {
+		return 0, nil, fmt.Errorf("%v with flags %#x", msgShort, f)
+	}
+	return uint32(w >> 32), b[shortHeaderSize:], nil
 }
 
 func (r *msgRule) checkPayload(t msgType, n uint32) error {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"unsafe"
@@ -70,6 +72,32 @@ func validMessages() [][]byte {
 		msg(msgDone, func(h *header) { h.SetFlags(flagSplit); h.SetOffset(4096); h.SetSize(4096) }, nil),
 		// Version 4: a written chunk of a write rendezvous.
 		msg(msgDone, func(h *header) { h.SetFlags(flagChunk); h.SetOffset(4096); h.SetSize(4096) }, nil),
+		// Version 5: short data, 8 header bytes.
+		append([]byte{byte(msgShort), 0, 0, 0, 7, 0, 0, 0}, "data"...),
+	}
+}
+
+// TestParseShort: a short data message is its type, flags, reserved and
+// ack, then its payload; its length comes from the message's.
+func TestParseShort(t *testing.T) {
+	m := append([]byte{byte(msgShort), 0, 0, 0, 7, 0, 0, 0}, "hello"...)
+	h, p, err := parseMessage(m)
+	if err != nil || h.Type() != msgShort || h.Ack() != 7 || h.Len() != 5 || string(p) != "hello" {
+		t.Fatalf("parse %x: %v, ack %d, len %d, payload %q, %v", m, h.Type(), h.Ack(), h.Len(), p, err)
+	}
+	for _, tc := range []struct {
+		name string
+		m    []byte
+		want string
+	}{
+		{"empty", m[:shortHeaderSize], "empty short message"},
+		{"flags", append([]byte{byte(msgShort), flagRead, 0, 0, 0, 0, 0, 0}, 'x'), "short with flags 0x1"},
+		{"reserved", append([]byte{byte(msgShort), 0, 0, 1, 0, 0, 0, 0}, 'x'), "reserved header field 0x100"},
+		{"truncated header", m[:3], "empty short message"},
+	} {
+		if _, _, err := parseMessage(tc.m); err == nil || err.Error() != tc.want {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
 	}
 }
 
@@ -145,25 +173,25 @@ func TestHelloAndVersions(t *testing.T) {
 			t.Errorf("negotiate(%v, %v) = %d, %v", tc.a, tc.b, v, ok)
 		}
 	}
-	// End to end: a dialer that speaks only version 5 is refused.
+	// End to end: a dialer that speaks only version 6 is refused.
 	ln, err := Listen("sandirect", testAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cfg := Config{versions: [2]uint16{5, 5}}
+	cfg := Config{versions: [2]uint16{6, 6}}
 	d := Dialer{Config: &cfg}
 	if c, err := d.Dial("sandirect", ln.Addr().String()); !errors.Is(err, ErrVersion) {
 		if c != nil {
 			c.Close()
 		}
-		t.Fatalf("dial with version 5: %v, want ErrVersion", err)
+		t.Fatalf("dial with version 6: %v, want ErrVersion", err)
 	}
-	// One that speaks only 1 gets 1; 1 to 2, 2; 1 to 3, 3; 1 to 5, 4.
+	// One that speaks only 1 gets 1; 1 to 2, 2; 1 to 3, 3; 1 to 4, 4; 1 to 6, 5.
 	for _, tc := range []struct {
 		versions [2]uint16
 		want     uint16
-	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 2}, 2}, {[2]uint16{1, 3}, 3}, {[2]uint16{1, 5}, 4}} {
+	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 2}, 2}, {[2]uint16{1, 3}, 3}, {[2]uint16{1, 4}, 4}, {[2]uint16{1, 6}, 5}} {
 		cfg.versions = tc.versions
 		go func() {
 			if c, err := ln.Accept(); err == nil {
@@ -193,7 +221,11 @@ func FuzzParseMessage(f *testing.F) {
 			return
 		}
 		// A message that passes is self-consistent.
-		if int(h.Len()) != len(payload) || len(b) != headerSize+len(payload) {
+		hl := headerSize
+		if h.Type() == msgShort {
+			hl = shortHeaderSize
+		}
+		if int(h.Len()) != len(payload) || len(b) != hl+len(payload) || len(payload) == 0 && h.Type() == msgShort {
 			t.Fatalf("len %d, payload %d, message %d", h.Len(), len(payload), len(b))
 		}
 		if h.Type() < msgHello || h.Type() > msgLast {
@@ -226,5 +258,50 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestShortDataOnTheWire: a small Write goes as a short data message
+// between two sides of version 5, and as a whole-header one to a side of
+// version 4; either way the bytes arrive.
+func TestShortDataOnTheWire(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cfg    *Config
+		typ    msgType
+		header int
+	}{
+		{"version 5", nil, msgShort, shortHeaderSize},
+		{"version 4", &Config{versions: [2]uint16{1, 4}}, msgData, headerSize},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, s := pipe(t, tc.cfg, nil)
+			for _, pair := range [][2]net.Conn{{c, s}, {s, c}} {
+				w, r := pair[0], pair[1].(*Conn)
+				if _, err := w.Write([]byte("twelve bytes")); err != nil {
+					t.Fatal(err)
+				}
+				// The Write returned with the message in the ring: take it
+				// as a poller would, look at it, and hand it on.
+				r.mu.Lock()
+				r.polling = true
+				msg, start, ok := r.nextMsgLocked()
+				if ok {
+					if msgType(msg[offType]) != tc.typ || len(msg) != tc.header+12 {
+						t.Errorf("message %x: want type %v, %d bytes", msg, tc.typ, tc.header+12)
+					}
+					r.onRecvLocked(msg, start)
+				}
+				r.endPollLocked()
+				r.mu.Unlock()
+				if !ok {
+					t.Fatal("no message in the ring after the Write")
+				}
+				buf := make([]byte, 12)
+				if _, err := io.ReadFull(r, buf); err != nil || string(buf) != "twelve bytes" {
+					t.Fatalf("read %q, %v", buf, err)
+				}
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package sockets
 
 import (
+	"encoding/binary"
 	"errors"
 	"net"
 	"os"
@@ -23,8 +24,13 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	c.releaseLocked()
 	ack := c.ackableLocked()
 	h.SetAck(ack)
-	h.SetLen(uint32(len(payload)))
-	n := headerSize + len(payload)
+	hl := headerSize
+	if h.Type() == msgShort {
+		hl = shortHeaderSize // its length is the record's
+	} else {
+		h.SetLen(uint32(len(payload)))
+	}
+	n := hl + len(payload)
 	// Straight into the ring to the peer: one copy, no completion. The
 	// credits guarantee room (the ring holds a window of our largest
 	// messages); a peer that lies about what it released runs out of it.
@@ -37,11 +43,15 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 		c.sendFailedLocked(err)
 		return c.writableLocked()
 	}
-	copy(buf, h[:])
+	if hl == shortHeaderSize {
+		binary.LittleEndian.PutUint64(buf, uint64(msgShort)|uint64(ack)<<32) // flags and reserved 0
+	} else {
+		copy(buf, h[:])
+	}
 	// The payload may be application memory that faults (fault.go): the
 	// reservation is given back if it does (abandonSendLocked).
 	c.reserved = true
-	copy(buf[headerSize:], payload)
+	copy(buf[hl:], payload)
 	c.reserved = false
 	if err := c.qp.CommitSend(n); err != nil {
 		c.sendFailedLocked(err)
@@ -173,6 +183,9 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 	m := min(len(b), c.maxPayload)
 	var h header
 	h.SetType(msgData)
+	if c.version >= shortVersion {
+		h.SetType(msgShort)
+	}
 	if err := c.sendLocked(&h, b[:m]); err != nil {
 		return 0, err
 	}

@@ -404,6 +404,12 @@ var attacks = []attack{
 		h.SetFlags(flagChunk)
 		h.SetSize(4096)
 	}), nil)},
+	{name: "short data in version 4", cfg: &Config{versions: [2]uint16{1, 4}}, reason: "short data in version 4", lie: func(bad *Conn) (func() error, error) {
+		return nil, rawPost(bad, []byte{byte(msgShort), 0, 0, 0, 0, 0, 0, 0, 'x'})
+	}},
+	{name: "empty short", reason: "empty short message", lie: func(bad *Conn) (func() error, error) {
+		return nil, rawPost(bad, []byte{byte(msgShort), 0, 0, 0, 0, 0, 0, 0})
+	}},
 	{name: "second hello", reason: "second hello", lie: func(bad *Conn) (func() error, error) {
 		bad.mu.Lock()
 		defer bad.mu.Unlock()
