@@ -1,6 +1,6 @@
 package sockets
 
-import "encoding/binary"
+import "errors"
 
 // The fast path of a Read (docs/performance.md, "A Read's fast path"):
 // when nothing is queued for Read and the connection is in its plain
@@ -54,6 +54,9 @@ func (c *Conn) readFastLocked(b []byte) (n int, ok bool) {
 	return n, true
 }
 
+// errNotData: a message the fast path leaves to the general dispatch.
+var errNotData = errors.New("not a data message")
+
 // fastTake is the message a fast path's copy is under way for.
 type fastTake struct {
 	active bool
@@ -83,23 +86,22 @@ func (c *Conn) abandonFastLocked() {
 func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
 	var payload []byte
 	var ack uint32
+	var err error
 	switch {
-	case len(msg) > shortHeaderSize && len(msg) <= c.bufSize && c.version >= shortVersion &&
-		binary.LittleEndian.Uint32(msg) == uint32(msgShort):
-		// A short data message, well formed (shortFields): its first
-		// word is the type, zero flags and zero reserved bytes.
-		ack = binary.LittleEndian.Uint32(msg[offAck:])
-		payload = msg[shortHeaderSize:]
-	case len(msg) > c.bufSize || len(msg) < headerSize || msgType(msg[offType]) != msgData:
-		c.onRecvLocked(msg, start)
-		return false
+	case len(msg) > c.bufSize || len(msg) == 0:
+		err = errNotData
+	case msgType(msg[offType]) == msgShort && c.version >= shortVersion:
+		ack, payload, err = shortFields(msg)
+	case msgType(msg[offType]) == msgData:
+		var h header
+		h, payload, err = parseMessage(msg)
+		ack = h.Ack()
 	default:
-		h, p, err := parseMessage(msg)
-		if err != nil {
-			c.onRecvLocked(msg, start) // it aborts
-			return false
-		}
-		payload, ack = p, h.Ack()
+		err = errNotData
+	}
+	if err != nil {
+		c.onRecvLocked(msg, start) // it aborts, or handles what is not data
+		return false
 	}
 	if len(payload) > len(dst) {
 		c.onRecvLocked(msg, start) // it queues the data

@@ -181,11 +181,12 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 		return 0, err
 	}
 	m := min(len(b), c.maxPayload)
-	var h header
-	h.SetType(msgData)
+	t := msgData
 	if c.version >= shortVersion {
-		h.SetType(msgShort)
+		t = msgShort
 	}
+	var h header
+	h.SetType(t)
 	if err := c.sendLocked(&h, b[:m]); err != nil {
 		return 0, err
 	}
