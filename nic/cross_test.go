@@ -200,16 +200,25 @@ func TestPeerKilled(t *testing.T) {
 			// varies (its exit detaches eBPF links, which waits for RCU
 			// grace periods), and a transfer must be under way then.
 			const inFlight = 8
-			post := func(id uint64) {
-				if err := e.qp.PostSend(SendWR{ID: id, Op: OpWrite, Local: buf, LKey: mr.LKey, Remote: addr, RKey: rkey}); err != nil && e.qp.State() == QPReady {
+			// post tells whether the write was posted: one refused because
+			// the queue pair failed between the caller's look at its state
+			// and the post completes nothing, and must not be waited for.
+			post := func(id uint64) bool {
+				err := e.qp.PostSend(SendWR{ID: id, Op: OpWrite, Local: buf, LKey: mr.LKey, Remote: addr, RKey: rkey})
+				if err != nil && e.qp.State() == QPReady {
 					t.Fatal(err)
 				}
+				return err == nil
 			}
 			for i := range inFlight {
-				post(uint64(i))
+				if !post(uint64(i)) {
+					t.Fatal("a write refused before the kill")
+				}
 			}
 			wait(t, e.scq) // the first transfer finished: the engine is busy with the rest
-			post(inFlight)
+			if !post(inFlight) {
+				t.Fatal("a write refused before the kill")
+			}
 			child.Kill()
 			exited := make(chan time.Time, 1)
 			go func() { <-child.Done(); exited <- time.Now() }()
@@ -222,8 +231,8 @@ func TestPeerKilled(t *testing.T) {
 					if c.Status != StatusFlushed && c.Status != StatusRemoteOp {
 						t.Fatalf("completion %+v", c)
 					}
-				} else if failed == 0 && e.qp.State() == QPReady {
-					post(next) // keep the queue full until the failure
+				} else if failed == 0 && e.qp.State() == QPReady && post(next) {
+					// The queue stays full until the failure.
 					next++
 					pending++
 				}
