@@ -62,7 +62,6 @@ package main
 // case.
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -1209,24 +1208,10 @@ func idlePeer(pc *peerConn, cmd ctlMsg) error {
 
 // pssPair is the proportional set size of this process and the peer, bytes.
 func pssPair(p *peer) (int64, error) {
-	a, err := pss("self")
+	a, err := sys.Pss("self")
 	if err != nil {
 		return 0, err
 	}
-	b, err := pss(strconv.Itoa(p.cmd.Process.Pid))
+	b, err := sys.Pss(strconv.Itoa(p.cmd.Process.Pid))
 	return a + b, err
-}
-
-func pss(pid string) (int64, error) {
-	b, err := os.ReadFile("/proc/" + pid + "/smaps_rollup")
-	if err != nil {
-		return 0, err
-	}
-	for line := range bytes.Lines(b) {
-		if f := strings.Fields(string(line)); len(f) >= 2 && f[0] == "Pss:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb * 1024, err
-		}
-	}
-	return 0, errors.New("no Pss in smaps_rollup")
 }

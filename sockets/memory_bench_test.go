@@ -5,11 +5,12 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"testing"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // BenchmarkConnMemory opens b.N connections in this process and reports
@@ -32,7 +33,7 @@ func BenchmarkConnMemory(b *testing.B) {
 			}
 			runtime.GC()
 			debug.FreeOSMemory()
-			before, err := selfPss()
+			before, err := sys.Pss("self")
 			if err != nil {
 				b.Skip(err)
 			}
@@ -48,7 +49,7 @@ func BenchmarkConnMemory(b *testing.B) {
 			b.StopTimer()
 			runtime.GC()
 			debug.FreeOSMemory()
-			after, err := selfPss()
+			after, err := sys.Pss("self")
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -90,20 +91,4 @@ func streamThrough(w, r net.Conn, n int) error {
 		}
 	}
 	return <-errc
-}
-
-// selfPss is this process's proportional set size in bytes.
-func selfPss() (int64, error) {
-	raw, err := os.ReadFile("/proc/self/smaps_rollup")
-	if err != nil {
-		return 0, err
-	}
-	for line := range bytes.Lines(raw) {
-		f := bytes.Fields(line)
-		if len(f) >= 2 && string(f[0]) == "Pss:" {
-			kb, err := strconv.ParseInt(string(f[1]), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no Pss in /proc/self/smaps_rollup")
 }
