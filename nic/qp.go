@@ -259,8 +259,8 @@ func (qp *QueuePair) postInline(wr *SendWR) error {
 		return qp.failInlineLocked(wr, StatusFlushed, err)
 	}
 	if plain {
-		copy(buf, wr.Local)
-	} else if err := safeCopy(buf, wr.Local); err != nil {
+		imem.CopyShared(buf, wr.Local)
+	} else if err := safeCopyBy(buf, wr.Local, copyShared); err != nil {
 		qp.out.Commit(tagNop, 0) // gives the reservation back; the peer skips it
 		return qp.failInlineLocked(wr, StatusLocalAccess, err)
 	}
@@ -531,8 +531,8 @@ func (qp *QueuePair) sendNow(b []byte, mr *MemoryRegion, wait time.Time) (Status
 		return StatusFlushed, err, true
 	}
 	if qp.dev.owns(mr) {
-		copy(buf, b) // device memory to ring: neither can vanish
-	} else if err := safeCopy(buf, b); err != nil {
+		imem.CopyShared(buf, b) // device memory to ring: neither can vanish
+	} else if err := safeCopyBy(buf, b, copyShared); err != nil {
 		qp.out.Commit(tagNop, 0) // gives the reservation back; the peer skips it
 		return StatusLocalAccess, err, true
 	}
@@ -571,23 +571,23 @@ func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr 
 		return StatusRemoteAccess, fmt.Errorf("region of segment %d at offset %d outside its %d bytes", e.seg, e.segOff, len(mem))
 	}
 	remote := mem[off : off+uint64(len(local))]
-	dst, src := local, remote
+	// Through the caches both ways: an RDMA Write's target may read none
+	// of it (perftest's write_lat reads its last byte), and then a string
+	// move (copyShared) costs more than it saves (docs/performance.md,
+	// "Copies into shared memory").
+	dst, src, way := local, remote, copyCached
 	if op == OpWrite {
 		dst, src = remote, local
 	}
-	switch {
-	case qp.dev.owns(mr):
+	if nt {
+		way = copyNT
+	}
+	if qp.dev.owns(mr) {
 		// Device memory and the peer's segment, which stays mapped while
 		// we hold sqMu: neither can vanish.
-		if nt {
-			imem.CopyNT(dst, src)
-		} else {
-			copy(dst, src)
-		}
-	case nt:
-		err = safeCopyNT(dst, src)
-	default:
-		err = safeCopy(dst, src)
+		copyBy(dst, src, way)
+	} else {
+		err = safeCopyBy(dst, src, way)
 	}
 	if err != nil {
 		return StatusLocalAccess, err
@@ -595,14 +595,36 @@ func (qp *QueuePair) copyChunk(op Opcode, local []byte, mr *MemoryRegion, raddr 
 	return StatusSuccess, nil
 }
 
+// A copyWay is how a copy stores: through the caches into memory this
+// process reads next (copy), into memory the peer reads next
+// (mem.CopyShared: no line read back from the peer's cache first), or
+// around the caches (mem.CopyNT, when the caller measured it pays).
+type copyWay uint8
+
+const (
+	copyCached copyWay = iota
+	copyShared
+	copyNT
+)
+
+// copyBy copies src to dst the given way.
+func copyBy(dst, src []byte, way copyWay) {
+	switch way {
+	case copyShared:
+		imem.CopyShared(dst, src)
+	case copyNT:
+		imem.CopyNT(dst, src)
+	default:
+		copy(dst, src)
+	}
+}
+
 // safeCopy copies src to dst and turns a memory fault (a buffer that was
 // unmapped under us) into an error instead of a crash.
-func safeCopy(dst, src []byte) error { return safeCopyBy(dst, src, false) }
+func safeCopy(dst, src []byte) error { return safeCopyBy(dst, src, copyCached) }
 
-// safeCopyNT is safeCopy with non-temporal stores (mem.CopyNT).
-func safeCopyNT(dst, src []byte) error { return safeCopyBy(dst, src, true) }
-
-func safeCopyBy(dst, src []byte, nt bool) (err error) {
+// safeCopyBy is safeCopy the given way.
+func safeCopyBy(dst, src []byte, way copyWay) (err error) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
@@ -614,11 +636,7 @@ func safeCopyBy(dst, src []byte, nt bool) (err error) {
 			err = fmt.Errorf("memory fault during copy: %w", re)
 		}
 	}()
-	if nt {
-		imem.CopyNT(dst, src)
-	} else {
-		copy(dst, src)
-	}
+	copyBy(dst, src, way)
 	return nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/sandirect/sandirect/internal/mem"
 )
 
 // InitRing lays out a fresh ring with a data area of capacity bytes in
@@ -296,7 +298,7 @@ func (p *Producer) Write(tag uint16, b []byte, deadline time.Time) error {
 	if err != nil {
 		return err
 	}
-	copy(buf, b)
+	mem.CopyShared(buf, b) // the consumer reads it next
 	return p.Commit(tag, len(b))
 }
 

@@ -80,9 +80,10 @@ func (c *Conn) endWrite(b []byte, old bool, n *int, err *error) {
 	c.mu.Unlock()
 }
 
-// copyGuarded copies src into dst, around the caches with nt
-// (mem.CopyNT), and returns a faultError if app — the application's side
-// of the copy, src or dst — faults.
+// copyGuarded copies src into dst, memory the peer reads next: through
+// the caches (mem.CopyShared), or around them with nt (mem.CopyNT). It
+// returns a faultError if app — the application's side of the copy, src
+// or dst — faults.
 func copyGuarded(dst, src, app []byte, what string, nt bool) (n int, err error) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
@@ -97,7 +98,7 @@ func copyGuarded(dst, src, app []byte, what string, nt bool) (n int, err error) 
 	if nt {
 		return mem.CopyNT(dst, src), nil
 	}
-	return copy(dst, src), nil
+	return mem.CopyShared(dst, src), nil
 }
 
 // sendGuardedLocked is sendLocked for a payload of application memory

@@ -7,7 +7,7 @@ import (
 )
 
 // pieceCopier copies the pieces of copied rendezvous into temporary memory
-// either through the caches (copy) or around them (mem.CopyNT), whichever
+// either through the caches (mem.CopyShared) or around them (mem.CopyNT), whichever
 // has been faster lately on this device.
 //
 // Which is faster depends on where the machine puts the two processes'

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/nic"
 )
 
@@ -51,7 +52,7 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	// The payload may be application memory that faults (fault.go): the
 	// reservation is given back if it does (abandonSendLocked).
 	c.reserved = true
-	copy(buf[hl:], payload)
+	mem.CopyShared(buf[hl:], payload)
 	c.reserved = false
 	if err := c.qp.CommitSend(n); err != nil {
 		c.sendFailedLocked(err)
