@@ -3,6 +3,7 @@ package sockets
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -51,7 +52,9 @@ func init() {
 			if err != nil {
 				return err
 			}
-			if mode == "echo" {
+			if mode == "duplex" {
+				duplexServe(c)
+			} else if mode == "echo" {
 				for {
 					n, err := c.Read(buf)
 					if n > 0 {
@@ -391,6 +394,79 @@ func BenchmarkDuplex(b *testing.B) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// duplexServe is the duplex server's side of a connection: it reads the
+// size of the writes and how many each side makes, then writes that many
+// while it reads the client's, from two goroutines.
+func duplexServe(c net.Conn) {
+	var hdr [16]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return
+	}
+	size, count := int(binary.LittleEndian.Uint64(hdr[:8])), int(binary.LittleEndian.Uint64(hdr[8:]))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, size)
+		for range count {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, size)
+	for range count {
+		if _, err := io.ReadFull(c, buf); err != nil {
+			break
+		}
+	}
+	<-done
+}
+
+// BenchmarkDuplexProcesses streams size-byte writes both ways at once
+// between two processes, each side's Writes and Reads in goroutines of
+// their own, as gRPC's and HTTP/2's connections run: what the two
+// directions of a connection cost each other (Conn.mu, the CPUs).
+// SetBytes counts both directions.
+func BenchmarkDuplexProcesses(b *testing.B) {
+	for _, tr := range []string{"adaptive", "busy", "unix"} {
+		for _, size := range []int{4 << 10, 64 << 10} {
+			b.Run(fmt.Sprintf("transport=%s/size=%s", tr, sizeName(size)), func(b *testing.B) {
+				c := benchServer(b, tr, "duplex")()
+				defer c.Close()
+				var hdr [16]byte
+				binary.LittleEndian.PutUint64(hdr[:8], uint64(size))
+				binary.LittleEndian.PutUint64(hdr[8:], uint64(b.N))
+				b.SetBytes(int64(2 * size))
+				b.ReportAllocs()
+				b.ResetTimer()
+				if _, err := c.Write(hdr[:]); err != nil {
+					b.Fatal(err)
+				}
+				errc := make(chan error, 1)
+				go func() {
+					buf := make([]byte, size)
+					for range b.N {
+						if _, err := c.Write(buf); err != nil {
+							errc <- err
+							return
+						}
+					}
+					errc <- nil
+				}()
+				buf := make([]byte, size)
+				for range b.N {
+					if _, err := io.ReadFull(c, buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := <-errc; err != nil {
+					b.Fatal(err)
+				}
+			})
 		}
 	}
 }
