@@ -573,6 +573,13 @@ func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
 				err = cerr
 			}
 		}()
+		// Every row of this suite, ours and the peers', is told where the
+		// host had put the vCPUs when it ran (Result.Handoff).
+		env.handoff = func() float64 {
+			v, _ := ref.handoff(ctx, env) // a probe that fails leaves the row without one
+			return v
+		}
+		defer func() { env.handoff = nil }()
 	}
 	var failed []error
 	for _, t := range connTransports {
@@ -726,6 +733,7 @@ func connMeasure(ctx context.Context, env *Env, p *peer, ref *floorRef, t *connT
 				return err
 			}
 			smp.start(0)
+			hand := env.probeHandoff()
 			if ref != nil && t.name == blockRefTransport && size == blockRefSize {
 				// In rounds, each followed by a round of the raw futex
 				// ping-pong between two other processes, so that the
@@ -759,7 +767,7 @@ func connMeasure(ctx context.Context, env *Env, p *peer, ref *floorRef, t *connT
 				return fmt.Errorf("pingpong %s: %w", fsize(size), err)
 			}
 			recs = append(recs, env.Report(Result{Case: "pingpong", Transport: t.name, Size: size,
-				Lat: summarize(smp.result()), Preempted: preempt})...)
+				Lat: summarize(smp.result()), Preempted: preempt, Handoff: hand})...)
 		}
 		for _, size := range streamSizes {
 			if err := ctx.Err(); err != nil {
@@ -775,6 +783,7 @@ func connMeasure(ctx context.Context, env *Env, p *peer, ref *floorRef, t *connT
 				src, dst := newMessage(size), newMessage(size)
 				ref = func(d time.Duration) float64 { return copyFor(d, dst, src) }
 			}
+			hand := env.probeHandoff()
 			err := row(func() (err error) {
 				bw, refBW, err = connStream(a.c, size, env.plan.bwTime, env.plan.bwChunks, ref)
 				return err
@@ -783,7 +792,7 @@ func connMeasure(ctx context.Context, env *Env, p *peer, ref *floorRef, t *connT
 				return fmt.Errorf("stream %s: %w", fsize(size), err)
 			}
 			recs = append(recs, env.Report(Result{Case: "stream", Transport: t.name, Size: size, HasBW: true,
-				BW: bw.P50, BWMin: bw.Min, BWMax: bw.Max, Rate: bw.P50 * 1e3 / float64(size), Preempted: preempt})...)
+				BW: bw.P50, BWMin: bw.Min, BWMax: bw.Max, Rate: bw.P50 * 1e3 / float64(size), Preempted: preempt, Handoff: hand})...)
 			if ref != nil {
 				recs = append(recs, env.Report(Result{Case: "stream", Transport: copyRefTransport(t.name), Size: size, HasBW: true,
 					BW: refBW.P50, BWMin: refBW.Min, BWMax: refBW.Max, Rate: refBW.P50 * 1e3 / float64(size), Preempted: -1})...)

@@ -68,6 +68,11 @@ func TestRunConn(t *testing.T) {
 			if v := got[recordKey{"conn", "pingpong", tr, size, metricLatP50}]; !(v > 0) {
 				t.Errorf("%s pingpong %s p50 = %v", tr, fsize(size), v)
 			}
+			// Where the vCPUs were when the row ran: ours and the
+			// peers', whose ratios the targets take.
+			if v := got[recordKey{"conn", "pingpong", tr, size, metricHandoff}]; tr != "shmipc" && !(v > 0) {
+				t.Errorf("%s pingpong %s: hand-off before the row = %v", tr, fsize(size), v)
+			}
 		}
 		if tr == ofiTransport {
 			continue // fi_pingpong has no stream mode
@@ -121,6 +126,37 @@ func TestPeerTargets(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "stream 64B") {
 		t.Errorf("a target without any peer measured was printed:\n%s", out.String())
+	}
+}
+
+// A target against the best peer says when the cache-line hand-offs
+// measured before its two rows differ by more than handoffApart: the
+// host moved the vCPUs between them, and the ratio compares two
+// placements. Verdicts stand either way.
+func TestPeerTargetsHandoff(t *testing.T) {
+	for _, c := range []struct {
+		ours, theirs float64
+		note         bool
+	}{
+		{240, 245, false}, {240, 80, true}, {80, 240, true}, {240, 0, false},
+	} {
+		recs := []Record{
+			{"conn", "pingpong", "sockets/busy", 8, metricLatP50, 300},
+			{"conn", "pingpong", "sockets/busy", 8, metricHandoff, c.ours},
+			{"conn", "pingpong", "ucx/tag", 8, metricLatP50, 200},
+		}
+		if c.theirs > 0 {
+			recs = append(recs, Record{"conn", "pingpong", "ucx/tag", 8, metricHandoff, c.theirs})
+		}
+		var out bytes.Buffer
+		printTargets(&out, recs, 0)
+		line := grepLine(out.String(), "sockets/busy 8B p50 / ucx/tag (best)")
+		if line == "" || !strings.Contains(line, "MISS") {
+			t.Fatalf("hand-offs %v/%v: target line %q", c.ours, c.theirs, line)
+		}
+		if got := strings.Contains(line, "the vCPUs moved between the rows"); got != c.note {
+			t.Errorf("hand-offs %v/%v: note %v, want %v: %q", c.ours, c.theirs, got, c.note, line)
+		}
 	}
 }
 

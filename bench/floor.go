@@ -160,6 +160,25 @@ func cachelineRTT(ctx context.Context, env *Env, p *peer, w floorWords) (*Latenc
 	return summarize(smp.result()), nil
 }
 
+// Probing the hand-off before a row: short enough to go before every row
+// of the conn suite, long enough for a stable median.
+const (
+	handoffWarm   = 500
+	handoffBudget = 10 * time.Millisecond
+	handoffLaps   = 20000
+)
+
+// handoff measures the cache-line hand-off between the measuring CPUs
+// now: the median half round trip of the shared word (Env.probeHandoff).
+func (r *floorRef) handoff(ctx context.Context, env *Env) (float64, error) {
+	smp := newSampler(handoffLaps)
+	smp.start(0)
+	if err := cachelineRounds(ctx, env, r.p, r.w, handoffWarm, handoffBudget, handoffLaps, smp); err != nil {
+		return 0, err
+	}
+	return summarize(smp.result()).P50, nil
+}
+
 // cachelineRounds measures round trips of the shared word for about budget
 // or laps round trips after warm ones, adding to smp's samples (start it
 // first).

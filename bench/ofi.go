@@ -172,13 +172,14 @@ func runOFI(ctx context.Context, env *Env) ([]Record, error) {
 	ping, _ := connSizes(env)
 	var recs []Record
 	for _, size := range ping {
+		hand := env.probeHandoff()
 		lat, err := o.latency(ctx, size)
 		if err != nil {
 			err = fmt.Errorf("%s: pingpong %s: %w", ofiTransport, fsize(size), err)
 			fmt.Fprintf(env.out, "%-9s %-18s FAILED: %s\n", "", ofiTransport, oneLine(err))
 			return recs, err
 		}
-		recs = append(recs, env.Report(Result{Case: "pingpong", Transport: ofiTransport, Size: size, Lat: lat, Preempted: -1})...)
+		recs = append(recs, env.Report(Result{Case: "pingpong", Transport: ofiTransport, Size: size, Lat: lat, Preempted: -1, Handoff: hand})...)
 	}
 	return recs, nil
 }

@@ -12,12 +12,12 @@ import (
 	"strings"
 )
 
-const rowFormat = "%-9s %-18s %6s %9s %9s %9s %9s %9s %13s %9s %8s\n"
+const rowFormat = "%-9s %-18s %6s %9s %9s %9s %9s %9s %13s %9s %8s %8s\n"
 
 func printSuiteHeader(w io.Writer, suite string) {
 	fmt.Fprintf(w, "\n--- %s %s\n", suite, strings.Repeat("-", 80-len(suite)))
-	fmt.Fprintf(w, rowFormat, "case", "transport", "size", "min", "p50", "p99", "p99.9", "GB/s", "(range)", "Mmsg/s", "preempt")
-	fmt.Fprintf(w, rowFormat, "", "", "", "(ns, half", "round", "trip)", "", "", "", "", "")
+	fmt.Fprintf(w, rowFormat, "case", "transport", "size", "min", "p50", "p99", "p99.9", "GB/s", "(range)", "Mmsg/s", "preempt", "handoff")
+	fmt.Fprintf(w, rowFormat, "", "", "", "(ns, half", "round", "trip)", "", "", "", "", "", "(ns)")
 }
 
 func printRow(w io.Writer, r Result) {
@@ -39,8 +39,12 @@ func printRow(w io.Writer, r Result) {
 	if r.Preempted < 0 {
 		pre = "-" // not counted
 	}
+	hand := "-"
+	if r.Handoff > 0 {
+		hand = fnum(r.Handoff)
+	}
 	fmt.Fprintf(w, rowFormat, r.Case, r.Transport, fsize(r.Size), cols[0], cols[1], cols[2], cols[3], cols[4], cols[5],
-		cols[6], pre)
+		cols[6], pre, hand)
 }
 
 // fnum prints with three significant digits or more, never in exponent form.
@@ -177,9 +181,6 @@ func printTargets(w io.Writer, recs []Record, maxPreempts int64) {
 		if (atMost && value <= limit) || (!atMost && value >= limit) {
 			verdict = "PASS"
 		}
-		if verdict == "PASS" {
-			note = ""
-		}
 		fmt.Fprintf(w, "%-46s %9s %9s %9.2f %3s%s  %s%s\n", name, num, den, value, op, flimit(limit), verdict, note)
 	}
 	for _, t := range targets {
@@ -189,7 +190,8 @@ func printTargets(w io.Writer, recs []Record, maxPreempts int64) {
 			continue
 		}
 		note := ""
-		if t.ceiling != nil {
+		met := (t.atMost && num/den <= t.limit) || (!t.atMost && num/den >= t.limit)
+		if t.ceiling != nil && !met {
 			if c, ok := find(*t.ceiling); ok {
 				note = fmt.Sprintf("  (machine ceiling now %.2f: %s)", c/den, t.ceiling.transport)
 			}
@@ -200,7 +202,8 @@ func printTargets(w io.Writer, recs []Record, maxPreempts int64) {
 		num, ok1 := find(t.num)
 		k, den, ok2 := t.best(find)
 		if ok1 && ok2 {
-			line(fmt.Sprintf("%s / %s (best)", t.name, k.transport), fnum(num), fnum(den), num/den, t.limit, t.atMost, "")
+			line(fmt.Sprintf("%s / %s (best)", t.name, k.transport), fnum(num), fnum(den), num/den, t.limit, t.atMost,
+				handoffNote(find, t.num, k))
 		}
 	}
 	for _, g := range goals {
@@ -218,6 +221,24 @@ func printTargets(w io.Writer, recs []Record, maxPreempts int64) {
 		fmt.Fprintf(w, "warning: the measuring threads of one row were preempted %d times (see the preempt column):\n"+
 			"other work competes for the CPUs; busy-poll numbers and these ratios are not representative\n", maxPreempts)
 	}
+}
+
+// handoffApart is how far the cache-line hand-offs before two rows may
+// differ, as a ratio, before their ratio is flagged: the host moved the
+// vCPUs between them.
+const handoffApart = 1.5
+
+// handoffNote says, when the hand-offs measured before rows a and b differ
+// by more than handoffApart, that their ratio compares two placements of
+// the vCPUs; "" otherwise, or when either was not measured.
+func handoffNote(find func(recordKey) (float64, bool), a, b recordKey) string {
+	a.metric, b.metric = metricHandoff, metricHandoff
+	ha, ok1 := find(a)
+	hb, ok2 := find(b)
+	if !ok1 || !ok2 || ha <= 0 || hb <= 0 || max(ha, hb)/min(ha, hb) <= handoffApart {
+		return ""
+	}
+	return fmt.Sprintf("  (hand-off %s ns at ours, %s at theirs: the vCPUs moved between the rows)", fnum(ha), fnum(hb))
 }
 
 // busyPreemptions is how many preemptions of the measuring threads one row

@@ -65,6 +65,10 @@ const (
 	metricBWMax   = "bw_max_gbps" // the fastest chunk
 	metricRate    = "rate_mps"    // messages per second / 1e6, at bw_gbps
 	metricMem     = "mem_bytes"   // memory, bytes (conn: per idle connection)
+	// The cache-line hand-off between the two measuring CPUs, half a
+	// round trip's median, measured just before the row (conn): where the
+	// host had put the two vCPUs when the row ran.
+	metricHandoff = "handoff_ns"
 )
 
 // Result is one row of a table: the latency and/or throughput of one case,
@@ -80,6 +84,7 @@ type Result struct {
 	BWMax     float64
 	Rate      float64 // million messages/s
 	Preempted int64   // involuntary context switches of the measuring threads; set by Report unless < 0 (not counted)
+	Handoff   float64 // ns: the cache-line hand-off just before the row (Env.probeHandoff); 0: not measured
 }
 
 // Env is what a suite gets: the run's options and its output. It is used by
@@ -91,6 +96,7 @@ type Env struct {
 	plan     plan
 	cpus     [2]int       // measuring CPU of this process and of the peer; -1: unpinned
 	suite    string       // the suite running now
+	handoff  func() float64 // measures the cache-line hand-off now (ns); nil: no probe in this suite
 	preempts int64        // the most preemptions of measuring threads in one row so far
 	progress *progressBar // nil: none
 }
@@ -174,6 +180,9 @@ func (e *Env) Report(r Result) []Record {
 			}
 		}
 	}
+	if r.Handoff > 0 {
+		out = append(out, rec(metricHandoff, r.Handoff))
+	}
 	if r.HasBW {
 		out = append(out, rec(metricBW, r.BW))
 		if r.BWMax > 0 {
@@ -183,6 +192,19 @@ func (e *Env) Report(r Result) []Record {
 	}
 	e.step(r.Case + " " + r.Transport + " " + fsize(r.Size))
 	return out
+}
+
+// probeHandoff measures the cache-line hand-off between the measuring
+// CPUs now, for the row about to be measured (Result.Handoff): the host
+// moves the two vCPUs near and far apart from one minute to the next,
+// and a row's latency and bandwidth move with it, so that a ratio of two
+// rows means something only where their hand-offs agree. 0 where the
+// suite has no probe.
+func (e *Env) probeHandoff() float64 {
+	if e.handoff == nil {
+		return 0
+	}
+	return e.handoff()
 }
 
 // step advances the progress bar by one row; label says what was measured.

@@ -316,7 +316,7 @@ func (u *ucxRunner) transport(ctx context.Context, todo []ucxCase, t string) (re
 			continue
 		}
 		for _, size := range ucxSizes(u.env, c.suite, c.cas) {
-			res := Result{Case: c.cas, Transport: c.transport, Size: size, Preempted: -1}
+			res := Result{Case: c.cas, Transport: c.transport, Size: size, Preempted: -1, Handoff: u.env.probeHandoff()}
 			if c.lat {
 				if res.Lat, err = u.latency(ctx, c, size); err != nil {
 					return recs, err
