@@ -94,11 +94,11 @@ type Env struct {
 	out      io.Writer
 	quick    bool
 	plan     plan
-	cpus     [2]int       // measuring CPU of this process and of the peer; -1: unpinned
-	suite    string       // the suite running now
+	cpus     [2]int         // measuring CPU of this process and of the peer; -1: unpinned
+	suite    string         // the suite running now
 	handoff  func() float64 // measures the cache-line hand-off now (ns); nil: no probe in this suite
-	preempts int64        // the most preemptions of measuring threads in one row so far
-	progress *progressBar // nil: none
+	preempts int64          // the most preemptions of measuring threads in one row so far
+	progress *progressBar   // nil: none
 }
 
 func newEnv(ctx context.Context, out io.Writer, quick, pin bool) (*Env, error) {
