@@ -204,6 +204,7 @@ func TestRunRDMA(t *testing.T) {
 		{"rdma", "read_bw", "nic/cma", 64 * kiB, metricBW},
 		{"rdma", "write_bw", "cma/raw", 64 * kiB, metricBW},
 		{"rdma", "send_bw", "nic/shm", 4 * kiB, metricRate},
+		{"rdma", "write_lat", "nic/shm", 8, metricHandoff}, // where the vCPUs were: the target's row
 	} {
 		if v := got[k]; !(v > 0) {
 			t.Errorf("record %+v = %v, want > 0\n%s", k, v, out.String())
@@ -216,6 +217,7 @@ func TestRunRDMA(t *testing.T) {
 	}
 	for _, k := range []recordKey{
 		{"rdma", "write_lat", "ucx/put", 8, metricLatP50},
+		{"rdma", "write_lat", "ucx/put", 8, metricHandoff},
 		{"rdma", "write_bw", "ucx/put", 64 * kiB, metricBW},
 		{"rdma", "read_lat", "ucx/get", 8, metricLatP50},
 		{"rdma", "read_bw", "ucx/get", 64 * kiB, metricBW},

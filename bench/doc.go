@@ -52,7 +52,8 @@
 // is the median chunk, the range column the slowest and the fastest.
 // Sleeping transports of the conn suite run unpinned, as a Go program runs
 // (their preempt column is "-"); busy-polling ones pinned. The handoff
-// column (conn suite) is the cache-line hand-off between the two CPUs
+// column (conn suite, and the rdma suite's write_lat and UCX rows) is the
+// cache-line hand-off between the two CPUs
 // measured just before the row (the median half round trip of a shared
 // word, 10 ms): the host moves the two vCPUs near and far apart from one
 // minute to the next, every row moves with it, and a target against a

@@ -399,6 +399,22 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 			}
 		}()
 	}
+	// The write_lat rows and UCX's put are told where the host had put the
+	// vCPUs when they ran (Result.Handoff), as the conn suite's rows are.
+	fref, err := startFloorRef(env)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := fref.close(); err == nil {
+			err = cerr
+		}
+	}()
+	env.handoff = func() float64 {
+		v, _ := fref.handoff(ctx, env)
+		return v
+	}
+	defer func() { env.handoff = nil }()
 	for _, mem := range []string{"shm", "cma"} {
 		addr := fmt.Sprintf("@sandirect-bench-%d-%s", os.Getpid(), mem)
 		s := &rdmaSide{}
@@ -444,9 +460,9 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 	smp := newSampler(env.plan.latMax)
 	// This runs in one pinned call for the whole suite: each row takes
 	// the preemptions counted since the row before.
-	report := func(cas string, size int, lat *Latency) {
+	report := func(cas string, size int, lat *Latency, hand float64) {
 		flushPreemptions()
-		recs = append(recs, env.Report(Result{Case: cas, Transport: transport, Size: size, Lat: lat})...)
+		recs = append(recs, env.Report(Result{Case: cas, Transport: transport, Size: size, Lat: lat, Handoff: hand})...)
 	}
 	src := make([]byte, bwSizes[len(bwSizes)-1])
 	// Stable: the buffer stays mapped while it is registered, so the nic's
@@ -463,7 +479,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 				if err := s.sendLat(size, env.plan.latTime, env.plan.latMax, smp); err != nil {
 					return recs, err
 				}
-				report("send_lat", size, summarize(smp.result()))
+				report("send_lat", size, summarize(smp.result()), 0)
 				continue
 			}
 			// The target's size: in rounds, each followed by a round of
@@ -483,12 +499,13 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 					return recs, fmt.Errorf("reference ring ping-pong: %w", err)
 				}
 			}
-			report("send_lat", size, summarize(smp.result()))
+			report("send_lat", size, summarize(smp.result()), 0)
 			flushPreemptions()
 			recs = append(recs, env.Report(Result{Case: "send_lat", Transport: "ring/busy", Size: size, Lat: summarize(rsmp.result())})...)
 		}
 	}
 	for _, size := range latSizes {
+		hand := env.probeHandoff() // the target's row: write_lat against UCX's put
 		if err := s.command(rcWriteLat, uint32(size), 0); err != nil {
 			return recs, err
 		}
@@ -521,7 +538,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 		if err := s.awaitDone(); err != nil {
 			return recs, err
 		}
-		report("write_lat", size, summarize(smp.result()))
+		report("write_lat", size, summarize(smp.result()), hand)
 	}
 	if err := s.command(rcPassive, 0, 0); err != nil {
 		return recs, err
@@ -544,7 +561,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 		for i := range rt {
 			rt[i] *= 2 // report the whole read, not half of it
 		}
-		report("read_lat", size, summarize(rt))
+		report("read_lat", size, summarize(rt), 0)
 	}
 	var cdst []byte // the interleaved copy()'s destination
 	for _, op := range []nic.Opcode{nic.OpWrite, nic.OpRead} {

@@ -196,7 +196,7 @@ func printTargets(w io.Writer, recs []Record, maxPreempts int64) {
 				note = fmt.Sprintf("  (machine ceiling now %.2f: %s)", c/den, t.ceiling.transport)
 			}
 		}
-		line(t.name, fnum(num), fnum(den), num/den, t.limit, t.atMost, note)
+		line(t.name, fnum(num), fnum(den), num/den, t.limit, t.atMost, note+handoffNote(find, t.num, t.den))
 	}
 	for _, t := range peerTargets {
 		num, ok1 := find(t.num)
