@@ -129,7 +129,7 @@ func init() {
 		}
 	}
 	// Issue 19's targets: ours against the best of UCX and libfabric at
-	// each size.
+	// each size (rows measured side by side: pairedTransport).
 	peers := []string{"ucx/tag", "ucx/stream", ofiTransport}
 	keys := func(cas string, size int, metric string) []recordKey {
 		var ks []recordKey
@@ -139,8 +139,8 @@ func init() {
 		return ks
 	}
 	for _, size := range []int{8, 64, 4 * kiB, 64 * kiB, miB} {
-		peerTargets = append(peerTargets, peerTarget{name: fmt.Sprintf("sockets/busy %s p50", fsize(size)),
-			num:   recordKey{"conn", "pingpong", "sockets/busy", size, metricLatP50},
+		peerTargets = append(peerTargets, peerTarget{name: fmt.Sprintf("%s %s p50", peerTargetTransport, fsize(size)),
+			num:   recordKey{"conn", "pingpong", peerTargetTransport, size, metricLatP50},
 			peers: keys("pingpong", size, metricLatP50), limit: 1.0, atMost: true})
 	}
 	for _, size := range []int{64, 4 * kiB, 64 * kiB, miB, 16 * miB} {
@@ -148,8 +148,8 @@ func init() {
 		if size == 16*miB {
 			limit = 1.5
 		}
-		peerTargets = append(peerTargets, peerTarget{name: fmt.Sprintf("sockets/busy stream %s", fsize(size)),
-			num:   recordKey{"conn", "stream", "sockets/busy", size, metricBW},
+		peerTargets = append(peerTargets, peerTarget{name: fmt.Sprintf("%s stream %s", peerTargetTransport, fsize(size)),
+			num:   recordKey{"conn", "stream", peerTargetTransport, size, metricBW},
 			peers: keys("stream", size, metricBW), limit: limit})
 	}
 	goals = append(goals, goal{name: "sockets idle connection, KiB (both ends)",
@@ -582,33 +582,75 @@ func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
 		defer func() { env.handoff = nil }()
 	}
 	var failed []error
-	for _, t := range connTransports {
-		if err := ctx.Err(); err != nil {
-			return recs, err
-		}
-		if !peerChosen(env, t.name) {
-			continue // one transport only: for a closer look at it
-		}
+	// measure runs t's cases (those env wants), keeping the numbers of a
+	// transport that fails: one failing does not hide the others'.
+	measure := func(t *connTransport) error {
 		if p == nil {
 			if p, err = startConnPeer(env); err != nil {
-				return recs, err
+				return err
 			}
 		}
 		r, err := connMeasure(ctx, env, p, ref, t)
 		recs = append(recs, r...)
 		if err != nil {
 			if ctx.Err() != nil {
-				return recs, err
+				return err
 			}
-			// One transport failing does not hide the others' numbers.
 			err = fmt.Errorf("%s: %w", t.name, err)
 			fmt.Fprintf(env.out, "%-9s %-11s FAILED: %s\n", "", t.name, oneLine(err))
 			failed = append(failed, err)
 			p.close()
 			p = nil
 		}
+		return nil
 	}
-	for _, measure := range []func(context.Context, *Env) ([]Record, error){runShmipc, runUCX, runOFI} {
+	peers := []func(context.Context, *Env) ([]Record, error){runUCX, runOFI}
+	paired := pairedTransport(env)
+	for _, t := range connTransports {
+		if err := ctx.Err(); err != nil {
+			return recs, err
+		}
+		if !peerChosen(env, t.name) || t == paired {
+			continue // one transport only (for a closer look at it); or paired below
+		}
+		if err := measure(t); err != nil {
+			return recs, err
+		}
+	}
+	if paired != nil {
+		// Issue 19's targets divide sockets/busy by the best peer at each
+		// size: each of its rows is measured next to the peers' of the
+		// same case and size, seconds apart, so that both see the same
+		// placement of the vCPUs (the handoff column); measured a minute
+		// apart, a target could compare two placements.
+		ping, stream := connSizes(env)
+		for _, c := range []struct {
+			cas   string
+			sizes []int
+		}{{"pingpong", ping}, {"stream", stream}} {
+			for _, size := range c.sizes {
+				env.only = &sizeCase{c.cas, size}
+				if err := measure(paired); err != nil {
+					env.only = nil
+					return recs, err
+				}
+				for _, m := range peers {
+					r, err := m(ctx, env)
+					recs = append(recs, r...)
+					if err != nil {
+						env.only = nil
+						if ctx.Err() != nil {
+							return recs, err
+						}
+						failed = append(failed, err)
+					}
+				}
+			}
+		}
+		env.only = nil
+		peers = nil
+	}
+	for _, measure := range append([]func(context.Context, *Env) ([]Record, error){runShmipc}, peers...) {
 		r, err := measure(ctx, env)
 		recs = append(recs, r...)
 		if err != nil {
@@ -629,6 +671,24 @@ func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
 		failed = append(failed, fmt.Errorf("idle memory: %w", err))
 	}
 	return recs, errors.Join(failed...)
+}
+
+// peerTargetTransport is ours in the targets against the peers: busy
+// polling, pinned, as UCX and libfabric run.
+const peerTargetTransport = "sockets/busy"
+
+// pairedTransport is the transport the peers' targets measure, when the
+// run measures it and the peers: its rows are measured next to theirs.
+func pairedTransport(env *Env) *connTransport {
+	if os.Getenv("SANDIRECT_BENCH_CONN") != "" {
+		return nil // one transport only
+	}
+	for _, t := range connTransports {
+		if t.name == peerTargetTransport {
+			return t
+		}
+	}
+	return nil
 }
 
 func startConnPeer(env *Env) (*peer, error) {
@@ -693,6 +753,10 @@ func connMeasure(ctx context.Context, env *Env, p *peer, ref *floorRef, t *connT
 		}
 	}
 	pingSizes, streamSizes := connSizes(env)
+	wanted := func(cas string, sizes []int) []int {
+		return slices.DeleteFunc(slices.Clone(sizes), func(n int) bool { return !env.wants(cas, n) })
+	}
+	pingSizes, streamSizes = wanted("pingpong", pingSizes), wanted("stream", streamSizes)
 	cmd := ctlMsg{Op: "conn", Mode: t.name, Addr: ln.Addr(), Unpinned: !t.busy}
 	// row measures one row on the measuring thread, pinned or not.
 	row := func(f func() error) error {

@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +88,23 @@ func TestRunConn(t *testing.T) {
 			if !(bw > 0 && lo <= bw && bw <= hi) {
 				t.Errorf("%s stream %s: GB/s %v, range %v-%v", tr, fsize(size), bw, lo, hi)
 			}
+		}
+	}
+	// The peers' rows come right after ours of the same case and size,
+	// before ours of the next size: the targets compare rows measured
+	// seconds apart (pairedTransport).
+	if slices.Contains(transports, "ucx/tag") {
+		row := func(cas, tr string, size int) int {
+			for i, line := range strings.Split(out.String(), "\n") {
+				if f := strings.Fields(line); len(f) > 2 && f[0] == cas && f[1] == tr && f[2] == fsize(size) {
+					return i
+				}
+			}
+			return -1
+		}
+		ours, theirs, next := row("pingpong", peerTargetTransport, 8), row("pingpong", "ucx/tag", 8), row("pingpong", peerTargetTransport, 64*kiB)
+		if ours < 0 || !(ours < theirs && theirs < next) {
+			t.Errorf("rows of %s 8 B at line %d, ucx/tag 8 B at %d, %s 64 KiB at %d: not paired", peerTargetTransport, ours, theirs, peerTargetTransport, next)
 		}
 	}
 	if v := got[recordKey{"conn", "idle", connIdleTransport, 0, metricMem}]; !(v > 0) {

@@ -145,8 +145,13 @@ func (o *ofiRunner) pingpong(ctx context.Context, size, iters int) (float64, err
 
 // ofiRows is how many rows runOFI reports.
 func ofiRows(env *Env) int {
+	return len(ofiSizes(env))
+}
+
+// ofiSizes are the conn suite's ping-pong sizes that it measures now.
+func ofiSizes(env *Env) []int {
 	ping, _ := connSizes(env)
-	return len(ping)
+	return slices.DeleteFunc(slices.Clone(ping), func(n int) bool { return !env.wants("pingpong", n) })
 }
 
 // runOFI measures ofi/shm's ping-pong at the conn suite's sizes. Without
@@ -160,16 +165,19 @@ func runOFI(ctx context.Context, env *Env) ([]Record, error) {
 		if !errors.Is(err, errToolSkipped) {
 			return nil, err
 		}
-		fmt.Fprintf(env.out, "%-9s %-18s %s\n", "", ofiTransport, oneLine(err))
+		env.sayOnce("ofi", "%-9s %-18s %s\n", "", ofiTransport, oneLine(err))
 		for range ofiRows(env) {
 			env.step("ofi skipped")
 		}
 		return nil, nil
 	}
-	fmt.Fprintf(env.out, "%-9s %-18s note: fi_pingpong -p shm -e rdm, %s: mean half round trips (median of %d runs); no stream mode\n",
+	ping := ofiSizes(env)
+	if len(ping) == 0 {
+		return nil, nil
+	}
+	env.sayOnce("ofi", "%-9s %-18s note: fi_pingpong -p shm -e rdm, %s: mean half round trips (median of %d runs); no stream mode\n",
 		"", ofiTransport, strings.Join(ofiEnv(), " "), max(1, env.plan.bwChunks))
 	o := &ofiRunner{bin: bin, env: env}
-	ping, _ := connSizes(env)
 	var recs []Record
 	for _, size := range ping {
 		hand := env.probeHandoff()

@@ -94,11 +94,13 @@ type Env struct {
 	out      io.Writer
 	quick    bool
 	plan     plan
-	cpus     [2]int         // measuring CPU of this process and of the peer; -1: unpinned
-	suite    string         // the suite running now
-	handoff  func() float64 // measures the cache-line hand-off now (ns); nil: no probe in this suite
-	preempts int64          // the most preemptions of measuring threads in one row so far
-	progress *progressBar   // nil: none
+	cpus     [2]int          // measuring CPU of this process and of the peer; -1: unpinned
+	suite    string          // the suite running now
+	handoff  func() float64  // measures the cache-line hand-off now (ns); nil: no probe in this suite
+	only     *sizeCase       // measure only this case and size (the conn suite's paired rows); nil: all
+	said     map[string]bool // notes printed once a run (sayOnce)
+	preempts int64           // the most preemptions of measuring threads in one row so far
+	progress *progressBar    // nil: none
 }
 
 func newEnv(ctx context.Context, out io.Writer, quick, pin bool) (*Env, error) {
@@ -192,6 +194,30 @@ func (e *Env) Report(r Result) []Record {
 	}
 	e.step(r.Case + " " + r.Transport + " " + fsize(r.Size))
 	return out
+}
+
+// A sizeCase is one case of a suite at one size.
+type sizeCase struct {
+	cas  string
+	size int
+}
+
+// wants tells whether the suite measures case cas at size now (Env.only).
+func (e *Env) wants(cas string, size int) bool {
+	return e.only == nil || (e.only.cas == cas && e.only.size == size)
+}
+
+// sayOnce prints a note line the first time key comes, and never again in
+// the run: a peer's note, before its first row.
+func (e *Env) sayOnce(key, format string, args ...any) {
+	if e.said[key] {
+		return
+	}
+	if e.said == nil {
+		e.said = map[string]bool{}
+	}
+	e.said[key] = true
+	fmt.Fprintf(e.out, format, args...)
 }
 
 // probeHandoff measures the cache-line hand-off between the measuring

@@ -240,18 +240,21 @@ func (u *ucxRunner) bandwidth(ctx context.Context, c ucxCase, size int) (bwSprea
 
 // ucxSizes are the sizes suite measures case cas at, as it does ours.
 func ucxSizes(env *Env, suite, cas string) []int {
+	var sizes []int
 	if suite == "conn" {
 		ping, stream := connSizes(env)
+		sizes = stream
 		if cas == "pingpong" {
-			return ping
+			sizes = ping
 		}
-		return stream
+	} else {
+		lat, bw := rdmaSizes(env)
+		sizes = bw
+		if strings.HasSuffix(cas, "_lat") {
+			sizes = lat
+		}
 	}
-	lat, bw := rdmaSizes(env)
-	if strings.HasSuffix(cas, "_lat") {
-		return lat
-	}
-	return bw
+	return slices.DeleteFunc(slices.Clone(sizes), func(n int) bool { return !env.wants(cas, n) })
 }
 
 // ucxRows is how many rows runUCX reports for suite.
@@ -284,14 +287,14 @@ func runUCX(ctx context.Context, env *Env) ([]Record, error) {
 			return nil, err
 		}
 		for _, t := range caseTransports(todo) {
-			fmt.Fprintf(env.out, "%-9s %-18s %s\n", "", t, oneLine(err))
+			env.sayOnce(env.suite+" "+t, "%-9s %-18s %s\n", "", t, oneLine(err))
 		}
 		for range ucxRows(env, env.suite) {
 			env.step("ucx skipped")
 		}
 		return nil, nil
 	}
-	fmt.Fprintf(env.out, "%-9s %-18s note: ucx_perftest, UCX_TLS=%s\n", "", "ucx", ucxTLS())
+	env.sayOnce(env.suite+" ucx", "%-9s %-18s note: ucx_perftest, UCX_TLS=%s\n", "", "ucx", ucxTLS())
 	var recs []Record
 	var failed []error
 	for _, t := range caseTransports(todo) {
