@@ -13,8 +13,9 @@ import (
 // cached; the counters say which path each write took, and every byte
 // arrives.
 func TestSourceChoiceLearnsReuse(t *testing.T) {
-	// A zero-copy band (the default has none), and one rendezvous a write.
-	cfg := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, MaxCopyInFlight: 8 << 20}
+	// A zero-copy band (the default has none), and one rendezvous a write
+	// (no smaller pieces for a write the reader waits for: WaitedChunk).
+	cfg := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, WaitedChunk: -1, MaxCopyInFlight: 8 << 20}
 	c, s := pipe(t, cfg, cfg)
 	const size = 1 << 20
 	var want bytes.Buffer
@@ -77,7 +78,7 @@ func TestSourceChoiceLearnsReuse(t *testing.T) {
 // the writer then copies, so that its writes return early, and goes back
 // to zero copy once the reader takes whole transfers into its own buffer.
 func TestSourceChoiceFollowsReads(t *testing.T) {
-	cfg := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, MaxCopyInFlight: 8 << 20}
+	cfg := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, WaitedChunk: -1, MaxCopyInFlight: 8 << 20}
 	c, s := pipe(t, cfg, cfg)
 	const size = 1 << 20
 	src := bytes.Repeat([]byte("0123456789abcdef"), size/16)
@@ -110,7 +111,7 @@ func TestSourceChoiceFollowsReads(t *testing.T) {
 // peer would take the flag for a violation): small reads, no abort, and
 // the writer keeps to the rest of its rules.
 func TestStagedFlagNeedsVersion2(t *testing.T) {
-	w := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, MaxCopyInFlight: 8 << 20, versions: [2]uint16{1, 1}}
+	w := &Config{ZeroCopyMax: 4 << 20, CopyChunk: 4 << 20, WaitedChunk: -1, MaxCopyInFlight: 8 << 20, versions: [2]uint16{1, 1}}
 	c, s := pipe(t, w, nil)
 	if v := c.(*Conn).version; v != 1 {
 		t.Fatalf("version %d, want 1", v)
@@ -147,5 +148,32 @@ func writeAndRead(t *testing.T, c, s net.Conn, src []byte, readSize int) {
 	}
 	if !bytes.Equal(got, src) {
 		t.Fatal("data differs")
+	}
+}
+
+// A copied write that finds none of the connection's copies in flight —
+// a request, or the answer to one: its reader waits — goes in pieces of
+// WaitedChunk, which the reader copies out while the writer copies the
+// next in; with WaitedChunk off it goes in CopyChunk pieces. Every byte
+// arrives either way.
+func TestWaitedWriteInPieces(t *testing.T) {
+	const size = 1 << 20
+	src := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+	for _, c := range []struct {
+		name   string
+		cfg    *Config
+		pieces uint64 // rendezvous for the write (its first part goes inline)
+	}{
+		{"default", nil, 4},                  // 256 KiB pieces
+		{"off", &Config{WaitedChunk: -1}, 2}, // 960 KiB and the rest
+		{"128 KiB", &Config{WaitedChunk: 128 << 10}, 8},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w, r := pipe(t, c.cfg, c.cfg)
+			writeAndRead(t, w, r, src, size)
+			if st := w.(*Conn).Stats(); st.Rendezvous != c.pieces || st.CopyChosen != c.pieces {
+				t.Fatalf("a 1 MiB write with nothing in flight: %d rendezvous, %d copied; want %d, %d", st.Rendezvous, st.CopyChosen, c.pieces, c.pieces)
+			}
+		})
 	}
 }

@@ -364,6 +364,7 @@ func (c *Conn) write(b []byte) (n int, err error) {
 	}
 	large := !c.eagerLocked(len(b))               // eager.go
 	c.bigWrite = large && !c.dev.pinnable(len(b)) // lowmem.go
+	c.waitedWrite = large && c.copyInFlight == 0  // copyChunk
 	if large {
 		// What the source choice learns from: is this the buffer of the
 		// previous large write (the application reuses its buffers)?

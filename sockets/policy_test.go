@@ -103,3 +103,31 @@ func TestSplitChoices(t *testing.T) {
 		})
 	}
 }
+
+// TestCopyChunk is the size of a copied write's pieces as a table: a write
+// the reader waits for (none of our copies in flight when it began) goes
+// in pieces of at most WaitedChunk, so that the reader copies one out
+// while the writer copies the next; a stream keeps CopyChunk; a write far
+// larger than the caches takes 2 MiB pieces either way.
+func TestCopyChunk(t *testing.T) {
+	d := DefaultConfig()
+	chunk, waited, inFlight := d.CopyChunk, d.WaitedChunk, d.MaxCopyInFlight
+	for _, c := range []struct {
+		name          string
+		rest          int
+		chunk, waited int
+		isWaited      bool
+		want          int
+	}{
+		{"stream 1 MiB", 1 << 20, chunk, waited, false, chunk},
+		{"waited 1 MiB", 1 << 20, chunk, waited, true, waited},
+		{"waited, small CopyChunk", 1 << 20, 64 << 10, waited, true, 64 << 10},
+		{"waited, WaitedChunk off", 1 << 20, chunk, -1, true, chunk},
+		{"stream 16 MiB", 16 << 20, chunk, waited, false, 2 << 20},
+		{"waited 16 MiB", 16 << 20, chunk, waited, true, 2 << 20},
+	} {
+		if got := copyChunk(c.rest, c.chunk, inFlight, c.waited, c.isWaited); got != c.want {
+			t.Errorf("%s: piece of %d, want %d", c.name, got, c.want)
+		}
+	}
+}

@@ -275,7 +275,7 @@ func (c *Conn) prepareSourceLocked(body []byte, copyMode, read bool) (*txfer, er
 		c.stats.count(cFallbacks, 1)
 		if !copyMode {
 			// Copied in pieces, as a chosen copy is (lowmem.go).
-			body = body[:min(len(body), copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight))]
+			body = body[:min(len(body), copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight, c.cfg.WaitedChunk, c.waitedWrite))]
 			x.size = uint32(len(body))
 		}
 		err = try(!copyMode)
@@ -312,10 +312,19 @@ func (c *Conn) releaseSourceLocked(x *txfer) {
 // copy on both sides, which saves reading a cold destination in before
 // writing it (docs/performance.md, "Large pieces"). A smaller write keeps
 // its pieces in cache for the reader.
-func copyChunk(rest, chunk, inFlight int) int {
+//
+// A write that found none of our copies in flight has a reader waiting
+// for it (a request, or its answer): its pieces are at most waitedChunk
+// (Config.WaitedChunk; 0 or less: none), so that the reader copies one
+// out while we copy the next in, instead of waiting for all of a large
+// piece. A stream keeps copies in flight, and its large pieces.
+func copyChunk(rest, chunk, inFlight, waitedChunk int, waited bool) int {
 	const large, piece = 8 << 20, 2 << 20
 	if rest >= large && chunk < piece && inFlight >= 2*piece {
 		return piece
+	}
+	if waited && waitedChunk > 0 {
+		return min(chunk, waitedChunk)
 	}
 	return chunk
 }
@@ -339,7 +348,7 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	split := read && c.offerSplitLocked(body[:size])
 	copyMode := c.chooseSourceLocked(body[:size], split)
 	if copyMode {
-		size = min(size, copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight))
+		size = min(size, copyChunk(len(body), c.cfg.CopyChunk, c.cfg.MaxCopyInFlight, c.cfg.WaitedChunk, c.waitedWrite))
 		if err := c.awaitCopyRoomLocked(read, size); err != nil {
 			return 0, err
 		}

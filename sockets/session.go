@@ -122,6 +122,7 @@ type session struct {
 	noSplitUntil     time.Time
 	eagerUntil       time.Time // large writes go as small messages until then (lowmem.go)
 	bigWrite         bool      // this write is too large to pin in place (lowmem.go)
+	waitedWrite      bool      // this write found no copy of ours in flight (copyChunk)
 	hugeSrc, hugeDst span
 	lastRead         span // the last direct Read's buffer (acceptSplitLocked)
 

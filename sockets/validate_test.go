@@ -504,7 +504,7 @@ func TestHalfClose(t *testing.T) {
 
 // splitCfg makes 512 KiB writes split transfers (on any memory, with
 // splitAnyMemory).
-var splitCfg = &Config{SplitMin: 16 << 10}
+var splitCfg = &Config{SplitMin: 16 << 10, WaitedChunk: -1} // one rendezvous a write
 
 // splitVictim writes twice from one buffer: the second write is offered
 // as a split transfer.
