@@ -23,6 +23,12 @@ var errInPlace = errors.New("nic: sends and receives of an in-place queue pair g
 // counts credits never sees it from an honest peer).
 var ErrRingFull = errors.New("nic: no room in the ring to the peer")
 
+// SetSpinning declares that this side waits for the peer's sends by
+// spinning only (busy polling): the peer then publishes them without a
+// fence each (shm.Consumer.SetSpinning; a wait that parks all the same
+// takes it back). An error says why it cannot, and changes nothing.
+func (qp *QueuePair) SetSpinning() error { return qp.in.SetSpinning() }
+
 // ReserveSend returns n bytes in the ring to the peer for the next send;
 // fill them and call CommitSend. It never waits. The caller serializes
 // sends and does not use the queue pair after Close.

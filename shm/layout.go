@@ -37,7 +37,8 @@ const (
 //
 //	offset  line              written by   words
 //	     0  control           creator;     magic u32 | version u32 | capacity u64 |
-//	                          closers      producer closed u32 | consumer closed u32
+//	                          closers;     producer closed u32 | consumer closed u32 |
+//	                          consumer     consumer spins u32
 //	   128  producer line     producer     tail u64 (observers only)
 //	   256  consumer line     consumer     head u64
 //	   384  consumer doorbell both         u32: the sleeping consumer's Waiter slot + 1, or 0
@@ -45,7 +46,11 @@ const (
 //	   640  data area         producer     capacity bytes, a power of two
 //
 // The control line is written at creation and once more by each side's
-// Close, so polling its closed flags costs a cache hit.
+// Close, so polling its closed flags costs a cache hit. "Consumer spins"
+// is 1 while the consumer waits by spinning only and never sleeps
+// (Consumer.SetSpinning): the producer may then publish a record with a
+// release store instead of a sequentially consistent one (Commit). The
+// consumer writes it when it declares that and when it takes it back.
 //
 // Records in the data area, 8-byte aligned, never straddling its end:
 //
@@ -68,7 +73,8 @@ const (
 	ringCapacityOff = ringVersionOff + 4
 	ringPClosedOff  = ringCapacityOff + 8
 	ringCClosedOff  = ringPClosedOff + 4
-	ringControlEnd  = ringCClosedOff + 4
+	ringCSpinsOff   = ringCClosedOff + 4
+	ringControlEnd  = ringCSpinsOff + 4
 
 	lineSize = 128
 

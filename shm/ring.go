@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/sandirect/sandirect/internal/mem"
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // InitRing lays out a fresh ring with a data area of capacity bytes in
@@ -86,6 +87,7 @@ type ring struct {
 	head    *uint64 // consumer line
 	pClosed *uint32 // control line
 	cClosed *uint32 // control line
+	cSpins  *uint32 // control line: the consumer never sleeps (SetSpinning)
 	cBell   *uint32 // consumer doorbell
 	pBell   *uint32 // producer doorbell
 
@@ -128,6 +130,7 @@ func (r *ring) attach(region []byte, cfg WaitConfig) error {
 	r.head = word64(region, ringHeadOff)
 	r.pClosed = word32(region, ringPClosedOff)
 	r.cClosed = word32(region, ringCClosedOff)
+	r.cSpins = word32(region, ringCSpinsOff)
 	r.cBell = word32(region, ringConsumerBell)
 	r.pBell = word32(region, ringProducerBell)
 	r.wait = NewWaitStrategy(cfg)
@@ -196,6 +199,7 @@ func (r *ring) wake(bell *uint32, wakes *uint64) {
 type Producer struct {
 	ring
 	tailPos   uint64 // next record position (private)
+	fenceFree bool   // a consumer's global barrier reaches this process (sys.MembarrierRegister)
 	headCache uint64 // consumer's head as last loaded and validated
 	resvSize  uint64 // record bytes reserved by Reserve, 0 if none
 	resvPay   int    // payload bytes reserved
@@ -215,6 +219,9 @@ func NewProducer(region []byte, cfg WaitConfig) (*Producer, error) {
 		return nil, fmt.Errorf("%w: ring positions head %d tail %d", ErrCorrupt, head, tail)
 	}
 	p.tailPos, p.headCache = tail, head
+	// Registered, this process is reached by a consumer's global barrier:
+	// its commits may skip their fence while the consumer spins.
+	p.fenceFree = sys.MembarrierRegister() == nil
 	return p, nil
 }
 
@@ -282,8 +289,21 @@ func (p *Producer) Commit(tag uint16, n int) error {
 	// The slot after the record lies in reserved space: zero it first, so
 	// the consumer finds "nothing yet" there once it has read this record.
 	*at(p.data, (p.tailPos+size)&p.mask) = 0
-	// Publishes the record: header last, sequentially consistent.
-	store64(at(p.data, p.tailPos&p.mask), hdrCommitted|uint64(tag)<<hdrTagShift|uint64(n))
+	h := hdrCommitted | uint64(tag)<<hdrTagShift | uint64(n)
+	if p.fenceFree && load32(p.cSpins) != 0 {
+		// Publishes the record: header last, a release store. The
+		// consumer never sleeps, so no doorbell check below needs the
+		// store ordered before its load, and a sequentially consistent
+		// store would wait until every store of the record had reached
+		// the consumer's core (docs/performance.md, "Commits without a
+		// fence"). A consumer that comes to sleep takes its word back
+		// and fences for us (Consumer.armBell).
+		storeRelease64(at(p.data, p.tailPos&p.mask), h)
+	} else {
+		// Publishes the record: header last, sequentially consistent:
+		// the doorbell check below must not pass it.
+		store64(at(p.data, p.tailPos&p.mask), h)
+	}
 	p.tailPos += size
 	p.resvSize = 0
 	// For observers (statistics) only; no side reads it to make progress.
@@ -397,7 +417,8 @@ type Consumer struct {
 	headPos  uint64 // next record position (private)
 	released uint64 // head as last published
 	stats    WaitStats
-	got      Record // what Next's wait found
+	spinning atomic.Bool // SetSpinning declared it, not taken back
+	got      Record      // what Next's wait found
 	gotErr   error
 }
 
@@ -506,7 +527,45 @@ func (w *nextWait) Ready() bool {
 	return ok || err != nil
 }
 
-func (w *nextWait) Arm(bell uint32) { store32(w.cBell, bell) }
+func (w *nextWait) Arm(bell uint32) { (*Consumer)(w).armBell(bell) }
+
+// SetSpinning declares that this consumer waits by spinning only (busy
+// polling) and does not sleep: the producer may then publish records with
+// release stores instead of sequentially consistent ones, which wait for
+// every store of the record to reach this core (docs/performance.md,
+// "Commits without a fence"). A wait that parks all the same takes the
+// declaration back first, at the cost of one global memory barrier
+// (armBell). It needs membarrier(2)'s global expedited barriers; without
+// them it says why, and the producer fences every commit as before.
+func (c *Consumer) SetSpinning() error {
+	if err := sys.MembarrierRegister(); err != nil {
+		return err
+	}
+	c.spinning.Store(true)
+	store32(c.cSpins, 1) // publishes: commits may skip their fence
+	return nil
+}
+
+// armBell announces bell (a Waiter's slot + 1; 0: none) in the consumer's
+// doorbell: the producer wakes it after its next commit. A consumer that
+// declared it spins (or whose word says so: the peer may scribble on it)
+// takes that back and fences on the producer's behalf, after both stores
+// and before the caller re-checks the ring: a commit published with a
+// release store before the barrier is visible after it, and one after
+// it sees the doorbell (its producer's barrier came between its store and
+// its doorbell check), so no wake-up is lost either way.
+func (c *Consumer) armBell(bell uint32) {
+	store32(c.cBell, bell) // publishes: wake this waiter
+	if bell == 0 || (!c.spinning.Load() && load32(c.cSpins) == 0) {
+		return
+	}
+	c.spinning.Store(false)
+	store32(c.cSpins, 0) // publishes: every commit fences from here on
+	// SetSpinning checked that the barrier works. A scribbled word
+	// without it leaves the producer's release stores, which reach this
+	// core within a moment: the wait's re-checks and deadlines bound that.
+	_ = sys.MembarrierGlobal()
+}
 
 // Position returns the ring position after the last record returned: a
 // point to release up to (ReleaseTo). Positions only grow.

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -398,6 +400,142 @@ func TestNoLostWakeup(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A consumer that declared it spins (SetSpinning), so that the producer
+// publishes with release stores, and then sleeps all the same is woken by
+// every commit: it takes the declaration back and fences for the producer
+// before it re-checks (armBell). Record by record, the consumer declaring
+// again before each wait, so that commits race the take-back, with and
+// without a fence; a lost wake-up runs into the wait's deadline.
+func TestSpinningConsumerThatSleeps(t *testing.T) {
+	p, c := newRing(t, MinRingCapacity, WaitConfig{Mode: WaitBlock}, WaitConfig{Mode: WaitBlock})
+	if err := c.SetSpinning(); err != nil {
+		t.Skipf("no global memory barriers here: %v", err)
+	}
+	n := 20_000
+	if testing.Short() {
+		n = 5_000
+	}
+	acks := make(chan struct{})
+	relaxed := 0 // commits that found the declaration (release stores)
+	errc := make(chan error, 1)
+	go func() {
+		var b [8]byte
+		for i := range n {
+			if i > 0 {
+				<-acks
+			}
+			if p.fenceFree && load32(p.cSpins) != 0 {
+				relaxed++
+			}
+			binary.LittleEndian.PutUint64(b[:], uint64(i))
+			if err := p.Write(0, b[:], time.Time{}); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for i := range n {
+		rec, err := c.Next(time.Now().Add(10 * time.Second))
+		if err != nil {
+			t.Fatalf("record %d: %v (a lost wake-up)", i, err)
+		}
+		if got := binary.LittleEndian.Uint64(rec.Data); got != uint64(i) {
+			t.Fatalf("record %d reads %d", i, got)
+		}
+		c.Release()
+		if i < n-1 {
+			// Declared before the producer goes on: its commit races
+			// our next wait's take-back.
+			if err := c.SetSpinning(); err != nil {
+				t.Fatal(err)
+			}
+			acks <- struct{}{}
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if cs := c.Stats(); cs.Slept == 0 || relaxed == 0 {
+		t.Errorf("%d of %d commits without a fence, %d sleeps: the race was not exercised", relaxed, n, cs.Slept)
+	}
+	t.Logf("%d of %d commits without a fence; consumer %+v", relaxed, n, c.Stats())
+}
+
+// The take-back (armBell) as a litmus test: in each round the producer
+// commits a record, with a release store when it still finds the
+// declaration, and looks at the doorbell, while the consumer, at about
+// the same moment, announces itself in the doorbell (taking the
+// declaration back) and looks for the record. At least one of them must
+// see the other's store, else the consumer would sleep through the
+// record. (The barrier closes a window that x86 leaves open — a load may
+// pass the thread's own earlier store — but that this test does not hit
+// here without it: the take-back's own store to the control line, which
+// the producer reads, takes longer than the producer's store to drain.)
+func TestSpinningTakeBackFences(t *testing.T) {
+	p, c := newRing(t, 1<<12, WaitConfig{Mode: WaitBusyPoll}, WaitConfig{Mode: WaitBusyPoll})
+	if err := c.SetSpinning(); err != nil {
+		t.Skipf("no global memory barriers here: %v", err)
+	}
+	rounds := 20_000
+	if testing.Short() {
+		rounds = 5_000
+	}
+	var round, done atomic.Int64
+	sawBell := make([]bool, rounds)
+	// Random short delays on both sides make the two sequences overlap
+	// in some of the rounds, whatever the hand-off between the cores.
+	delay := func(rng *rand.Rand) {
+		for range rng.IntN(64) {
+			round.Load()
+		}
+	}
+	go func() {
+		runtime.LockOSThread()
+		rng := rand.New(rand.NewPCG(1, 2))
+		for i := range int64(rounds) {
+			for round.Load() != i+1 {
+			}
+			delay(rng)
+			if _, err := p.Reserve(8, time.Time{}); err != nil {
+				panic(err)
+			}
+			wakes := p.stats.Wakes
+			if err := p.Commit(0, 8); err != nil {
+				panic(err)
+			}
+			sawBell[i] = p.stats.Wakes != wakes
+			done.Store(i + 1)
+		}
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	lost := 0
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range int64(rounds) {
+		if err := c.SetSpinning(); err != nil {
+			t.Fatal(err)
+		}
+		round.Store(i + 1)
+		delay(rng)
+		c.armBell(c.waiter.Bell())
+		sawRecord := c.Pending()
+		for done.Load() != i+1 {
+		}
+		if !sawRecord && !sawBell[i] {
+			lost++
+		}
+		c.armBell(0)
+		if _, ok, err := c.Poll(); !ok || err != nil {
+			t.Fatalf("round %d: the record is not there: %v", i, err)
+		}
+		c.Release()
+	}
+	if lost > 0 {
+		t.Fatalf("%d of %d rounds: neither side saw the other's store (a lost wake-up)", lost, rounds)
 	}
 }
 

@@ -34,7 +34,7 @@ func (w *WaitSet) Len() int { return len(w.cs) }
 // announce that it sleeps, zero to withdraw.
 func (w *WaitSet) Arm(bell uint32) {
 	for _, c := range w.cs {
-		store32(c.cBell, bell)
+		c.armBell(bell)
 	}
 }
 

@@ -147,6 +147,12 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 	c.wdl.init()
 	c.stats.register()
 	cq.SetWait(cfg.Wait) // the nic's waits are the connection's
+	if cfg.Wait.Mode == shm.WaitBusyPoll {
+		// We never sleep on the ring from the peer: its commits need no
+		// fence (docs/performance.md, "Commits without a fence"). Without
+		// membarrier(2) they keep it.
+		_ = qp.SetSpinning()
+	}
 	c.dialer = dialer
 	c.bufSize = cfg.BufferSize
 	c.window = uint32(cfg.Window)

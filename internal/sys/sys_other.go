@@ -197,6 +197,8 @@ func Fstat(int) (FileInfo, error)                 { return FileInfo{}, unsupport
 func MapShared(int, int, bool) ([]byte, error)    { return nil, unsupported("mmap") }
 func MapSharedReadOnly(int, int) ([]byte, error)  { return nil, unsupported("mmap") }
 func MapAnon(int) ([]byte, error)                 { return nil, unsupported("mmap") }
+func MembarrierRegister() error                   { return unsupported("membarrier") }
+func MembarrierGlobal() error                     { return unsupported("membarrier") }
 func Munmap([]byte) error                         { return unsupported("munmap") }
 func ProtectNone([]byte) error                    { return unsupported("mprotect") }
 func MunmapRange(uintptr, uintptr) error          { return unsupported("munmap") }

@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package shm
+
+import "sync/atomic"
+
+func storeRel64(p *uint64, v uint64) { atomic.StoreUint64(p, v) }
