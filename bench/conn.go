@@ -638,11 +638,11 @@ func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
 					r, err := m(ctx, env)
 					recs = append(recs, r...)
 					if err != nil {
-						env.only = nil
 						if ctx.Err() != nil {
+							env.only = nil
 							return recs, err
 						}
-						failed = append(failed, err)
+						failed = append(failed, err) // the next size tries again
 					}
 				}
 			}
