@@ -98,8 +98,8 @@ type Config struct {
 	// this connection's copies in flight — one a reader waits for, a
 	// request or its answer — so that the reader copies one out while the
 	// writer copies the next in, instead of waiting for a whole CopyChunk
-	// (a 1 MiB ping-pong: 25–30% less time; docs/performance.md, "Pieces
-	// of a write the reader waits for"). A stream keeps copies in flight,
+	// (docs/performance.md, "Pieces of a write the reader waits for"). A
+	// stream keeps copies in flight,
 	// and its CopyChunk pieces. Default 256 KiB; negative: CopyChunk for
 	// every write.
 	WaitedChunk int
