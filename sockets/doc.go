@@ -60,8 +60,11 @@
 // than the spin (20 µs) on average, and parks otherwise: it suits programs
 // that share their CPUs (gRPC, net/http). Block mode never spins and costs
 // no CPU while waiting, a wake-up per wait. Busy polling takes a CPU per
-// waiting goroutine for the lowest latency: for dedicated cores only, as
-// on a machine without spare CPUs it starves the peer it waits for. In
+// waiting goroutine for the lowest latency, and the peer publishes to
+// such a connection without a memory fence per message (it never sleeps,
+// so no wake-up depends on the order; shm.Consumer.SetSpinning): for
+// dedicated cores only, as on a machine without spare CPUs it starves the
+// peer it waits for. In
 // block mode a wait that follows a
 // send of ours first looks for the answer for Config.ReplyWait (1 µs),
 // about what a wake-up system call would cost: a quick answer then costs
