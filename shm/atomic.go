@@ -30,13 +30,7 @@ func swap32(p *uint32, v uint32) uint32 {
 	return atomic.SwapUint32(p, v)
 }
 func swap64(p *uint64, v uint64) uint64 { return atomic.SwapUint64(p, v) }
-
-// storeRelease64 stores v at p with release ordering only: the stores
-// before it are visible to a reader that sees v, but a load after it may
-// pass it (no store-load fence). On amd64 a plain MOV does that
-// (atomic_amd64.s); elsewhere it is store64.
-func storeRelease64(p *uint64, v uint64) { storeRel64(p, v) }
-func or64(p *uint64, v uint64)           { atomic.OrUint64(p, v) }
+func or64(p *uint64, v uint64)          { atomic.OrUint64(p, v) }
 
 // at returns a pointer to the 8-byte word at offset off from base. The
 // caller guarantees off+8 does not pass the end of the area base points to

@@ -4,4 +4,4 @@ package shm
 
 import "sync/atomic"
 
-func storeRel64(p *uint64, v uint64) { atomic.StoreUint64(p, v) }
+func storeRelease64(p *uint64, v uint64) { atomic.StoreUint64(p, v) }

@@ -289,7 +289,7 @@ func (p *Producer) Commit(tag uint16, n int) error {
 	// The slot after the record lies in reserved space: zero it first, so
 	// the consumer finds "nothing yet" there once it has read this record.
 	*at(p.data, (p.tailPos+size)&p.mask) = 0
-	h := hdrCommitted | uint64(tag)<<hdrTagShift | uint64(n)
+	hdr, h := at(p.data, p.tailPos&p.mask), hdrCommitted|uint64(tag)<<hdrTagShift|uint64(n)
 	if p.fenceFree && load32(p.cSpins) != 0 {
 		// Publishes the record: header last, a release store. The
 		// consumer never sleeps, so no doorbell check below needs the
@@ -298,11 +298,11 @@ func (p *Producer) Commit(tag uint16, n int) error {
 		// the consumer's core (docs/performance.md, "Commits without a
 		// fence"). A consumer that comes to sleep takes its word back
 		// and fences for us (Consumer.armBell).
-		storeRelease64(at(p.data, p.tailPos&p.mask), h)
+		storeRelease64(hdr, h)
 	} else {
 		// Publishes the record: header last, sequentially consistent:
 		// the doorbell check below must not pass it.
-		store64(at(p.data, p.tailPos&p.mask), h)
+		store64(hdr, h)
 	}
 	p.tailPos += size
 	p.resvSize = 0
@@ -417,8 +417,7 @@ type Consumer struct {
 	headPos  uint64 // next record position (private)
 	released uint64 // head as last published
 	stats    WaitStats
-	spinning atomic.Bool // SetSpinning declared it, not taken back
-	got      Record      // what Next's wait found
+	got      Record // what Next's wait found
 	gotErr   error
 }
 
@@ -541,25 +540,23 @@ func (c *Consumer) SetSpinning() error {
 	if err := sys.MembarrierRegister(); err != nil {
 		return err
 	}
-	c.spinning.Store(true)
 	store32(c.cSpins, 1) // publishes: commits may skip their fence
 	return nil
 }
 
 // armBell announces bell (a Waiter's slot + 1; 0: none) in the consumer's
-// doorbell: the producer wakes it after its next commit. A consumer that
-// declared it spins (or whose word says so: the peer may scribble on it)
-// takes that back and fences on the producer's behalf, after both stores
+// doorbell: the producer wakes it after its next commit. A consumer whose
+// word says it spins (SetSpinning declared it; or the peer scribbled on
+// it) takes that back and fences on the producer's behalf, after both stores
 // and before the caller re-checks the ring: a commit published with a
 // release store before the barrier is visible after it, and one after
 // it sees the doorbell (its producer's barrier came between its store and
 // its doorbell check), so no wake-up is lost either way.
 func (c *Consumer) armBell(bell uint32) {
 	store32(c.cBell, bell) // publishes: wake this waiter
-	if bell == 0 || (!c.spinning.Load() && load32(c.cSpins) == 0) {
+	if bell == 0 || load32(c.cSpins) == 0 {
 		return
 	}
-	c.spinning.Store(false)
 	store32(c.cSpins, 0) // publishes: every commit fences from here on
 	// SetSpinning checked that the barrier works. A scribbled word
 	// without it leaves the producer's release stores, which reach this
