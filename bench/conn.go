@@ -575,11 +575,7 @@ func runConn(ctx context.Context, env *Env) (recs []Record, err error) {
 		}()
 		// Every row of this suite, ours and the peers', is told where the
 		// host had put the vCPUs when it ran (Result.Handoff).
-		env.handoff = func() float64 {
-			v, _ := ref.handoff(ctx, env) // a probe that fails leaves the row without one
-			return v
-		}
-		defer func() { env.handoff = nil }()
+		defer ref.probeRows(ctx, env)()
 	}
 	var failed []error
 	// measure runs t's cases (those env wants), keeping the numbers of a
@@ -753,10 +749,7 @@ func connMeasure(ctx context.Context, env *Env, p *peer, ref *floorRef, t *connT
 		}
 	}
 	pingSizes, streamSizes := connSizes(env)
-	wanted := func(cas string, sizes []int) []int {
-		return slices.DeleteFunc(slices.Clone(sizes), func(n int) bool { return !env.wants(cas, n) })
-	}
-	pingSizes, streamSizes = wanted("pingpong", pingSizes), wanted("stream", streamSizes)
+	pingSizes, streamSizes = env.wanted("pingpong", pingSizes), env.wanted("stream", streamSizes)
 	cmd := ctlMsg{Op: "conn", Mode: t.name, Addr: ln.Addr(), Unpinned: !t.busy}
 	// row measures one row on the measuring thread, pinned or not.
 	row := func(f func() error) error {

@@ -179,6 +179,17 @@ func (r *floorRef) handoff(ctx context.Context, env *Env) (float64, error) {
 	return summarize(smp.result()).P50, nil
 }
 
+// probeRows makes env's rows probe the hand-off with r until the returned
+// function runs (Env.probeHandoff). A probe that fails leaves its row
+// without one.
+func (r *floorRef) probeRows(ctx context.Context, env *Env) (stop func()) {
+	env.handoff = func() float64 {
+		v, _ := r.handoff(ctx, env)
+		return v
+	}
+	return func() { env.handoff = nil }
+}
+
 // cachelineRounds measures round trips of the shared word for about budget
 // or laps round trips after warm ones, adding to smp's samples (start it
 // first).

@@ -151,7 +151,7 @@ func ofiRows(env *Env) int {
 // ofiSizes are the conn suite's ping-pong sizes that it measures now.
 func ofiSizes(env *Env) []int {
 	ping, _ := connSizes(env)
-	return slices.DeleteFunc(slices.Clone(ping), func(n int) bool { return !env.wants("pingpong", n) })
+	return env.wanted("pingpong", ping)
 }
 
 // runOFI measures ofi/shm's ping-pong at the conn suite's sizes. Without

@@ -410,11 +410,7 @@ func runRDMA(ctx context.Context, env *Env) (recs []Record, err error) {
 			err = cerr
 		}
 	}()
-	env.handoff = func() float64 {
-		v, _ := fref.handoff(ctx, env)
-		return v
-	}
-	defer func() { env.handoff = nil }()
+	defer fref.probeRows(ctx, env)()
 	for _, mem := range []string{"shm", "cma"} {
 		addr := fmt.Sprintf("@sandirect-bench-%d-%s", os.Getpid(), mem)
 		s := &rdmaSide{}

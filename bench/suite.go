@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -202,9 +203,13 @@ type sizeCase struct {
 	size int
 }
 
-// wants tells whether the suite measures case cas at size now (Env.only).
-func (e *Env) wants(cas string, size int) bool {
-	return e.only == nil || (e.only.cas == cas && e.only.size == size)
+// wanted returns the sizes of case cas that the suite measures now: all
+// of them, or Env.only's.
+func (e *Env) wanted(cas string, sizes []int) []int {
+	if e.only == nil {
+		return sizes
+	}
+	return slices.DeleteFunc(slices.Clone(sizes), func(n int) bool { return e.only.cas != cas || e.only.size != n })
 }
 
 // sayOnce prints a note line the first time key comes, and never again in

@@ -254,7 +254,7 @@ func ucxSizes(env *Env, suite, cas string) []int {
 			sizes = lat
 		}
 	}
-	return slices.DeleteFunc(slices.Clone(sizes), func(n int) bool { return !env.wants(cas, n) })
+	return env.wanted(cas, sizes)
 }
 
 // ucxRows is how many rows runUCX reports for suite.
