@@ -399,31 +399,37 @@ func BenchmarkDuplex(b *testing.B) {
 }
 
 // duplexServe is the duplex server's side of a connection: it reads the
-// size of the writes and how many each side makes, then writes that many
-// while it reads the client's, from two goroutines.
+// size of the writes and how many each side makes, then streams both
+// ways (duplexOver).
 func duplexServe(c net.Conn) {
 	var hdr [16]byte
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
 		return
 	}
-	size, count := int(binary.LittleEndian.Uint64(hdr[:8])), int(binary.LittleEndian.Uint64(hdr[8:]))
-	done := make(chan struct{})
+	duplexOver(c, int(binary.LittleEndian.Uint64(hdr[:8])), int(binary.LittleEndian.Uint64(hdr[8:])))
+}
+
+// duplexOver makes count writes of size bytes to c from a goroutine of
+// its own while it reads as many, and returns the first error of either.
+func duplexOver(c net.Conn, size, count int) error {
+	werr := make(chan error, 1)
 	go func() {
-		defer close(done)
 		buf := make([]byte, size)
 		for range count {
 			if _, err := c.Write(buf); err != nil {
+				werr <- err
 				return
 			}
 		}
+		werr <- nil
 	}()
 	buf := make([]byte, size)
 	for range count {
 		if _, err := io.ReadFull(c, buf); err != nil {
-			break
+			return err // the writer ends when c is closed
 		}
 	}
-	<-done
+	return <-werr
 }
 
 // BenchmarkDuplexProcesses streams size-byte writes both ways at once
@@ -446,24 +452,7 @@ func BenchmarkDuplexProcesses(b *testing.B) {
 				if _, err := c.Write(hdr[:]); err != nil {
 					b.Fatal(err)
 				}
-				errc := make(chan error, 1)
-				go func() {
-					buf := make([]byte, size)
-					for range b.N {
-						if _, err := c.Write(buf); err != nil {
-							errc <- err
-							return
-						}
-					}
-					errc <- nil
-				}()
-				buf := make([]byte, size)
-				for range b.N {
-					if _, err := io.ReadFull(c, buf); err != nil {
-						b.Fatal(err)
-					}
-				}
-				if err := <-errc; err != nil {
+				if err := duplexOver(c, size, b.N); err != nil {
 					b.Fatal(err)
 				}
 			})
