@@ -58,10 +58,15 @@ func (c *Completion) Err() error {
 type CompletionQueue struct {
 	dev *Device
 
-	mu lockrank.Mutex // guards q, head; never held while calling into a QP
-	q  []Completion
-	hd int
-	n  atomic.Int32 // len(q) - hd, for pollers that look without the lock
+	// Completions go into ring, without a lock, and into q, under mu,
+	// when ring is full or q holds some already (over): a queue pair's
+	// completions, pushed one after another, never overtake each other.
+	// A poll takes ring's, then q's.
+	ring cqRing
+	over atomic.Bool    // q holds completions: pushes go there too
+	mu   lockrank.Mutex // guards q, hd, over's changes; never held while calling into a QP
+	q    []Completion
+	hd   int
 
 	qps   atomic.Pointer[[]*QueuePair] // QPs whose receives this CQ drives; copy on write
 	sqps  atomic.Pointer[[]*QueuePair] // QPs whose queued send work this CQ's pollers run; copy on write
@@ -81,9 +86,14 @@ type CompletionQueue struct {
 }
 
 // NewCQ creates a completion queue.
-func (d *Device) NewCQ() *CompletionQueue {
-	cq := &CompletionQueue{dev: d, strat: shm.NewWaitStrategy(d.cfg.Wait)}
+func (d *Device) NewCQ() *CompletionQueue { return newCQ(d, d.cfg.Wait) }
+
+// newCQ is NewCQ for device d (nil in tests of the queue alone: such a CQ
+// is pushed to and polled, never waited on).
+func newCQ(d *Device, wait shm.WaitConfig) *CompletionQueue {
+	cq := &CompletionQueue{dev: d, strat: shm.NewWaitStrategy(wait)}
 	cq.mu.Init(lockrank.CQ)
+	cq.ring.init()
 	cq.waitMu.Init(lockrank.CQWait)
 	cq.qps.Store(new([]*QueuePair))
 	cq.sqps.Store(new([]*QueuePair))
@@ -202,15 +212,25 @@ func (cq *CompletionQueue) detachSend(qp *QueuePair) {
 	cq.mu.Unlock()
 }
 
-func (cq *CompletionQueue) pending() bool { return cq.n.Load() > 0 }
+func (cq *CompletionQueue) pending() bool { return cq.ring.ready() || cq.over.Load() }
 
 // push queues a completion and wakes a waiter.
 func (cq *CompletionQueue) push(c *Completion) {
-	cq.mu.Lock()
-	cq.q = append(cq.q, *c)
-	cq.n.Add(1)
-	cq.mu.Unlock()
+	if cq.over.Load() || !cq.ring.push(c) {
+		cq.pushLocked(c)
+	}
 	cq.wakeWaiter()
+}
+
+// pushLocked is push's way when the ring is full or completions wait in
+// q: q, behind them, unless q emptied meanwhile and the ring has room.
+func (cq *CompletionQueue) pushLocked(c *Completion) {
+	cq.mu.Lock()
+	if cq.over.Load() || !cq.ring.push(c) {
+		cq.q = append(cq.q, *c)
+		cq.over.Store(true)
+	}
+	cq.mu.Unlock()
 }
 
 // attach makes cq drive qp's receives.
@@ -274,10 +294,14 @@ func (cq *CompletionQueue) Poll(out []Completion) int {
 			qp.engineTurn(true)
 		}
 	}
-	if cq.n.Load() == 0 || got == len(out) {
-		return got // the common case of a busy poller: no lock taken
+	got += cq.ring.popInto(out[got:])
+	if !cq.over.Load() || got == len(out) {
+		return got // no lock taken
 	}
 	cq.mu.Lock()
+	// The ring's completions first: each was pushed before q's of the
+	// same queue pair (a push that found q in use queued behind it).
+	got += cq.ring.popInto(out[got:])
 	n := min(len(out)-got, len(cq.q)-cq.hd)
 	for i := range n {
 		c := &cq.q[cq.hd+i]
@@ -287,8 +311,8 @@ func (cq *CompletionQueue) Poll(out []Completion) int {
 	cq.hd += n
 	if cq.hd == len(cq.q) {
 		cq.q, cq.hd = cq.q[:0], 0
+		cq.over.Store(false) // the ring takes pushes again
 	}
-	cq.n.Add(int32(-n))
 	cq.mu.Unlock()
 	return got + n
 }

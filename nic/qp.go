@@ -818,7 +818,7 @@ func (qp *QueuePair) progressRecvLocked(out []Completion) int {
 			qp.rqAny.Store(false)
 		}
 		// Straight to the poller while nothing is queued ahead of it.
-		toOut := direct < len(out) && qp.recvCQ.n.Load() == 0
+		toOut := direct < len(out) && !qp.recvCQ.pending()
 		var c *Completion
 		if toOut {
 			c = &out[direct]
