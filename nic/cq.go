@@ -295,6 +295,9 @@ func (cq *CompletionQueue) Poll(out []Completion) int {
 		}
 	}
 	got += cq.ring.popInto(out[got:])
+	if h := testHookPolledRing.Load(); h != nil {
+		(*h)()
+	}
 	if !cq.over.Load() || got == len(out) {
 		return got // no lock taken
 	}
@@ -316,6 +319,10 @@ func (cq *CompletionQueue) Poll(out []Completion) int {
 	cq.mu.Unlock()
 	return got + n
 }
+
+// testHookPolledRing, when set, runs in Poll between its look at the ring
+// and its look at the overflow.
+var testHookPolledRing atomic.Pointer[func()]
 
 // leaveWork hands the queued work of this CQ's queue pairs back to the
 // engine before a waiter sleeps: the engine would otherwise leave it to

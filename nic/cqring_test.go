@@ -61,6 +61,31 @@ func TestCQOrderThroughOverflow(t *testing.T) {
 	}
 }
 
+// TestCQRingBeforeOverflowInOnePoll fills the ring and starts the overflow
+// between a poll's look at the ring (empty) and its look at the overflow:
+// the poll must hand out the ring's completions, which came first, before
+// the overflow's.
+func TestCQRingBeforeOverflowInOnePoll(t *testing.T) {
+	cq := newCQ(nil, shm.WaitConfig{})
+	hook := func() {
+		for i := range uint64(cqSlots + 1) {
+			cq.push(&Completion{ID: i, Status: StatusSuccess})
+		}
+	}
+	testHookPolledRing.Store(&hook)
+	out := make([]Completion, 2*cqSlots)
+	n := cq.Poll(out)
+	testHookPolledRing.Store(nil)
+	if n != cqSlots+1 {
+		t.Fatalf("polled %d completions, want %d", n, cqSlots+1)
+	}
+	for i, c := range out[:n] {
+		if c.ID != uint64(i) {
+			t.Fatalf("completion %d came as number %d", c.ID, i)
+		}
+	}
+}
+
 // TestCQConcurrent has pushers and pollers race through the ring and its
 // overflow (run it under -race): every completion arrives exactly once,
 // and with one poller each pusher's arrive in the order it pushed them.
