@@ -263,7 +263,14 @@ func (d *Device) accept(conn *net.UnixConn, opts QPOptions) (*QueuePair, error) 
 	qp.peer.private = h.private
 	reply := d.hello(0, private)
 	hubTable, hubEvent := d.hub.Fds()
-	if err := sys.SendFds(conn, reply.marshal(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
+	pass := []int{d.regSeg.Fd(), hubTable, hubEvent}
+	if h.flags&cmFlagHeld != 0 && ver >= cmHeldVersion && d.ownFiles(h.heldTable, h.heldHub) {
+		// The dialer holds them from an earlier reply: it named them,
+		// and they are ours, so nothing needs passing again.
+		reply.flags |= cmFlagHeld
+		pass = nil
+	}
+	if err := sys.SendFds(conn, reply.marshal(), pass...); err != nil {
 		qp.Close()
 		return nil, fmt.Errorf("nic: handshake reply: %w", err)
 	}
@@ -400,9 +407,28 @@ func newQPSegment(capacity int) (*shm.Segment, error) {
 	return seg, nil
 }
 
+// ownFiles tells whether table and hub are this device's registration
+// table and hub table.
+func (d *Device) ownFiles(table, hub shm.FileID) bool {
+	d.ownOnce.Do(func() {
+		t, terr := shm.FileIDOf(d.regSeg.Fd())
+		hubTable, _ := d.hub.Fds()
+		h, herr := shm.FileIDOf(hubTable)
+		if terr == nil && herr == nil {
+			d.ownTable, d.ownHub = t, h
+		}
+	})
+	return d.ownTable != (shm.FileID{}) && table == d.ownTable && hub == d.ownHub
+}
+
 // sendHello sends the dialer's hello with seg, the queue pair's segment.
-func (d *Device) sendHello(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int) error {
+// held, if not nil, names the listener's files the dialer holds (kp's).
+func (d *Device) sendHello(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, held *heldFiles) error {
 	h := d.hello(capacity, opts.PrivateData)
+	if held != nil {
+		h.flags |= cmFlagHeld
+		h.heldTable, h.heldHub = held.table, held.hub
+	}
 	hubTable, hubEvent := d.hub.Fds()
 	if err := sys.SendFds(conn, h.marshal(), seg.Fd(), d.regSeg.Fd(), hubTable, hubEvent); err != nil {
 		return fmt.Errorf("nic: handshake: %w", err)
@@ -413,7 +439,7 @@ func (d *Device) sendHello(conn *net.UnixConn, opts QPOptions, seg *shm.Segment,
 // dialSegment sends the hello with seg, the new queue pair's, and
 // completes the handshake; the queue pair keeps this mapping.
 func (d *Device) dialSegment(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int) (*QueuePair, error) {
-	if err := d.sendHello(conn, opts, seg, capacity); err != nil {
+	if err := d.sendHello(conn, opts, seg, capacity, nil); err != nil {
 		return nil, err
 	}
 	buf := make([]byte, cmRecvSize)
@@ -422,6 +448,9 @@ func (d *Device) dialSegment(conn *net.UnixConn, opts QPOptions, seg *shm.Segmen
 		return nil, fmt.Errorf("%w: handshake reply: %v", ErrProtocol, err)
 	}
 	r, err := parseReply(buf[:n], len(fds))
+	if err == nil && r.flags&cmFlagHeld != 0 {
+		err = fmt.Errorf("%w: a reply without fds to a hello that named none", ErrProtocol)
+	}
 	var ver uint16
 	if err == nil {
 		ver, err = negotiate(r)

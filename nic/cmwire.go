@@ -26,7 +26,10 @@ import (
 //	+---------------+---------------+
 //	| max send      | reserved (0)  | 24
 //	+---------------+---------------+
-//	| private data, or a reject's   | 32
+//	| held files (a dialer's hello  | 32
+//	| flagged cmFlagHeld only: 32 B)|
+//	+-------------------------------+
+//	| private data, or a reject's   |
 //	| reason                        |
 //
 // Control messages after the handshake (SEG_ADD, SEG_DENY, SEG_DEL):
@@ -56,15 +59,24 @@ const (
 )
 
 const (
-	cmMagic      = 0x4d434453 // "SDCM"
-	cmVersion    = 4          // 2: SEG_DEL; 3: wake hubs; 4: private data
-	cmMinVersion = 4
-	cmMaxReason  = 200 // bytes of a reject's reason
-	// cmMaxTail is the most that follows a hello: private data or a
-	// reason.
-	cmMaxTail = max(cmMaxReason, MaxPrivateData)
+	cmMagic       = 0x4d434453 // "SDCM"
+	cmVersion     = 5          // 2: SEG_DEL; 3: wake hubs; 4: private data; 5: held files
+	cmMinVersion  = 4
+	cmHeldVersion = 5   // the first that knows cmFlagHeld
+	cmMaxReason   = 200 // bytes of a reject's reason
+	// cmHeldSize is the held files' block: the listener's registration
+	// table and hub table, each as device and inode, u64 each.
+	cmHeldSize = 32
+	// cmMaxTail is the most that follows a hello: the held files and
+	// private data, or a reason.
+	cmMaxTail = max(cmMaxReason, cmHeldSize+MaxPrivateData)
 
-	cmFlagRead   = 1 << 0  // this device initiates RDMA Reads
+	cmFlagRead = 1 << 0 // this device initiates RDMA Reads
+	// cmFlagHeld, in a dialer's hello (version 5): the dialer holds the
+	// listener's registration table and hub from an earlier reply, and
+	// names them in the held block; in the reply: the named files are
+	// the listener's, and the reply comes without fds.
+	cmFlagHeld   = 1 << 1
 	cmFlagReject = 1 << 31 // a reject: the reason follows the hello
 
 	cmSegAdd  = 1 // a memory segment, with its fd
@@ -73,7 +85,7 @@ const (
 
 	// fds passed with each hello: the dialer's queue-pair segment,
 	// registration table, hub table and hub pipe; the reply's lacks the
-	// queue-pair segment.
+	// queue-pair segment, and a reply flagged cmFlagHeld has none.
 	cmRequestFds = 4
 	cmReplyFds   = 3
 	cmMaxFds     = cmRequestFds // a receive buffer's room for fds
@@ -94,12 +106,21 @@ type hello struct {
 	maxRegions     uint32
 	ringCapacity   uint32 // the dialer's queue pair segment; 0 in the reply
 	maxSend        uint32
-	private        []byte // the application's, opaque here (QPOptions.PrivateData)
-	reason         string // a reject's reason
+	// The listener's files the dialer holds (a request flagged
+	// cmFlagHeld): its registration table and its hub table.
+	heldTable, heldHub shm.FileID
+	private            []byte // the application's, opaque here (QPOptions.PrivateData)
+	reason             string // a reject's reason
+}
+
+// heldBlock tells whether a hello carries the held files: a request
+// (ring capacity set) flagged cmFlagHeld.
+func (h *hello) heldBlock() bool {
+	return h.flags&cmFlagHeld != 0 && h.flags&cmFlagReject == 0 && h.ringCapacity != 0
 }
 
 func (h hello) marshal() []byte {
-	b := make([]byte, cmHelloSize, cmHelloSize+len(h.reason)+len(h.private))
+	b := make([]byte, cmHelloSize, cmHelloSize+cmHeldSize+len(h.reason)+len(h.private))
 	binary.LittleEndian.PutUint32(b[helMagicOff:], cmMagic)
 	binary.LittleEndian.PutUint16(b[helMinVerOff:], h.minVer)
 	binary.LittleEndian.PutUint16(b[helMaxVerOff:], h.maxVer)
@@ -110,6 +131,12 @@ func (h hello) marshal() []byte {
 	binary.LittleEndian.PutUint32(b[helMaxSendOff:], h.maxSend)
 	if h.flags&cmFlagReject != 0 {
 		return append(b, h.reason...)
+	}
+	if h.heldBlock() {
+		for _, id := range [2]shm.FileID{h.heldTable, h.heldHub} {
+			b = binary.LittleEndian.AppendUint64(b, id.Dev)
+			b = binary.LittleEndian.AppendUint64(b, id.Ino)
+		}
 	}
 	return append(b, h.private...)
 }
@@ -150,6 +177,14 @@ func parseHello(b []byte) (hello, error) {
 		h.reason = printable(string(tail))
 		return h, nil
 	}
+	if h.heldBlock() {
+		if len(tail) < cmHeldSize {
+			return h, fmt.Errorf("%w: a hello flagged as naming held files, with %d bytes after it", ErrProtocol, len(tail))
+		}
+		u := func(i int) uint64 { return binary.LittleEndian.Uint64(tail[8*i:]) }
+		h.heldTable, h.heldHub = shm.FileID{Dev: u(0), Ino: u(1)}, shm.FileID{Dev: u(2), Ino: u(3)}
+		tail = tail[cmHeldSize:]
+	}
 	if len(tail) > MaxPrivateData {
 		return h, fmt.Errorf("%w: %d bytes of private data", ErrProtocol, len(tail))
 	}
@@ -159,8 +194,10 @@ func parseHello(b []byte) (hello, error) {
 	switch {
 	case h.minVer == 0 || h.minVer > h.maxVer:
 		return h, fmt.Errorf("%w: versions [%d, %d]", ErrProtocol, h.minVer, h.maxVer)
-	case h.flags&^cmFlagRead != 0:
+	case h.flags&^(cmFlagRead|cmFlagHeld) != 0:
 		return h, fmt.Errorf("%w: unknown flags %#x", ErrProtocol, h.flags)
+	case h.flags&cmFlagHeld != 0 && h.maxVer < cmHeldVersion:
+		return h, fmt.Errorf("%w: held files flagged in a hello of versions [%d, %d]", ErrProtocol, h.minVer, h.maxVer)
 	case h.maxRegions == 0 || h.maxRegions > maxRegEntries:
 		return h, fmt.Errorf("%w: %d regions", ErrProtocol, h.maxRegions)
 	case h.maxSend > shm.MaxRingCapacity || h.maxInline > h.maxSend:
@@ -214,7 +251,9 @@ func parseReply(b []byte, nfds int) (hello, error) {
 		return h, fmt.Errorf("%w by peer: %s", ErrRefused, h.reason)
 	case h.ringCapacity != 0:
 		return h, fmt.Errorf("%w: a reply with ring capacity %d", ErrProtocol, h.ringCapacity)
-	case nfds != cmReplyFds:
+	case h.flags&cmFlagHeld != 0 && nfds != 0:
+		return h, fmt.Errorf("%w: a reply flagged as held with %d fds", ErrProtocol, nfds)
+	case h.flags&cmFlagHeld == 0 && nfds != cmReplyFds:
 		return h, fmt.Errorf("%w: a reply with %d fds, want %d", ErrProtocol, nfds, cmReplyFds)
 	}
 	return h, nil

@@ -3,6 +3,7 @@ package nic
 import (
 	"bytes"
 	"errors"
+	"github.com/sandirect/sandirect/shm"
 	"testing"
 )
 
@@ -28,6 +29,21 @@ func TestCMLayout(t *testing.T) {
 	if got := h.marshal(); !bytes.Equal(got, append(want, "data"...)) {
 		t.Fatalf("hello with private data: % x", got)
 	}
+	// A dialer's hello naming held files: the block before the private data.
+	h.flags = cmFlagHeld
+	h.heldTable, h.heldHub = shm.FileID{Dev: 0x21, Ino: 0x22}, shm.FileID{Dev: 0x23, Ino: 0x24}
+	held := append([]byte(nil), want...)
+	held[helFlagsOff], held[helFlagsOff+1], held[helFlagsOff+2], held[helFlagsOff+3] = 2, 0, 0, 0
+	for _, v := range []byte{0x21, 0x22, 0x23, 0x24} {
+		held = append(held, v, 0, 0, 0, 0, 0, 0, 0)
+	}
+	if got := h.marshal(); !bytes.Equal(got, append(held, "data"...)) {
+		t.Fatalf("hello with held files\n% x\nwant\n% x", got, append(held, "data"...))
+	}
+	h.ringCapacity = 0 // a reply: the flag alone
+	if got := h.marshal(); len(got) != cmHelloSize+len("data") {
+		t.Fatalf("reply flagged held: % x", got)
+	}
 	m := cmMsg{typ: cmSegDel, idx: 0x01020304}.marshal()
 	if !bytes.Equal(m[:], []byte{3, 0, 0, 0, 4, 3, 2, 1}) {
 		t.Fatalf("control message bytes % x", m)
@@ -38,7 +54,8 @@ func TestCMLayout(t *testing.T) {
 	}{
 		{"hello", cmHelloSize, 32},
 		{"control message", cmMsgSize, 8},
-		{"receive buffer", cmRecvSize, cmHelloSize + max(cmMaxReason, MaxPrivateData) + 1},
+		{"receive buffer", cmRecvSize, cmHelloSize + max(cmMaxReason, cmHeldSize+MaxPrivateData) + 1},
+		{"held files", cmHeldSize, 32},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %d bytes, want %d", c.name, c.got, c.want)
@@ -183,6 +200,10 @@ func FuzzParseHello(f *testing.F) {
 	defer d.Close()
 	h := d.hello(1<<16, nil)
 	f.Add(h.marshal())
+	heldHello := d.hello(1<<16, []byte("private"))
+	heldHello.flags |= cmFlagHeld
+	heldHello.heldTable, heldHello.heldHub = shm.FileID{Dev: 1, Ino: 2}, shm.FileID{Dev: 3, Ino: 4}
+	f.Add(heldHello.marshal())
 	f.Add(d.hello(0, []byte("private")).marshal())
 	f.Add(rejectHello("no").marshal())
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -163,6 +164,11 @@ type Device struct {
 
 	retired Stats // counters of closed queue pairs; guarded by mu
 
+	// This device's registration table and hub table as files, for the
+	// held files a dialer's hello names (ownFiles).
+	ownOnce          sync.Once
+	ownTable, ownHub shm.FileID
+
 	parked parkedImports           // peers' mappings kept for the next queue pairs; guarded by imports.mu
 	known  map[knownKey]*knownPeer // listeners' answers for early dials (known.go); guarded by imports.mu
 }
@@ -192,6 +198,9 @@ type Stats struct {
 	// Queue pairs of the dialer made on the segment of an earlier one
 	// (qppool.go).
 	SegmentsReused uint64
+	// Early dials whose listener replied without fds: it took the
+	// registration table and hub the hello named as its own (cmFlagHeld).
+	HeldReplies uint64
 }
 
 func (s *Stats) add(o *Stats) {
@@ -210,6 +219,7 @@ func (s *Stats) add(o *Stats) {
 	s.PolledChunks += o.PolledChunks
 	s.EngineChunks += o.EngineChunks
 	s.SegmentsReused += o.SegmentsReused
+	s.HeldReplies += o.HeldReplies
 }
 
 // Open creates a device.

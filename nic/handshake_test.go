@@ -110,8 +110,13 @@ func TestHostileHello(t *testing.T) {
 		want  string // in the reject's reason
 	}{
 		{"version 3", func() []byte { h := good; h.minVer, h.maxVer = 3, 3; return h.marshal() }(), cmRequestFds,
-			"peer speaks versions [3, 3], we speak [4, 4]"},
-		{"too much private data", append(good.marshal(), make([]byte, MaxPrivateData+1)...), cmRequestFds, "handshake of 233 bytes"},
+			"peer speaks versions [3, 3], we speak [4, 5]"},
+		{"too much private data", append(good.marshal(), make([]byte, MaxPrivateData+1)...), cmRequestFds, "201 bytes of private data"},
+		{"more than a hello holds", append(good.marshal(), make([]byte, cmMaxTail+1)...), cmRequestFds, "handshake of 265 bytes"},
+		{"held files cut short", func() []byte { h := good; h.flags |= cmFlagHeld; return h.marshal()[:cmHelloSize+cmHeldSize-1] }(), cmRequestFds,
+			"naming held files, with 31 bytes after it"},
+		{"held files in version 4", func() []byte { h := good; h.flags |= cmFlagHeld; h.maxVer = 4; return h.marshal() }(), cmRequestFds,
+			"held files flagged in a hello of versions [4, 4]"},
 		{"too few fds", good.marshal(), 2, "with 2 fds, want 4"},
 		{"no ring", func() []byte { h := good; h.ringCapacity = 0; return h.marshal() }(), cmRequestFds, "without a ring capacity"},
 		{"a reject", rejectHello("confused").marshal(), cmRequestFds, "flagged as a reject"},

@@ -174,8 +174,28 @@ func (d *Device) reserveEarly() bool {
 	}
 }
 
+// heldFiles are a listener's registration table and hub table as files,
+// which a dialer that holds them names in its hello (cmFlagHeld).
+type heldFiles struct{ table, hub shm.FileID }
+
+// heldOf returns the files of kp's table and hub, if the listener speaks
+// the version that takes them named; nil otherwise.
+func heldOf(kp *knownPeer) *heldFiles {
+	if kp.version < cmHeldVersion {
+		return nil
+	}
+	imports.mu.Lock()
+	defer imports.mu.Unlock()
+	im, in := imports.bySeg[kp.tseg], notifiers.byN[kp.note]
+	if im == nil || in == nil {
+		return nil
+	}
+	return &heldFiles{table: im.key.id, hub: in.id}
+}
+
 func (d *Device) dialEarlyOut(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, kp *knownPeer, own func(*QueuePair)) (*QueuePair, error) {
-	if err := d.sendHello(conn, opts, seg, capacity); err != nil {
+	held := heldOf(kp)
+	if err := d.sendHello(conn, opts, seg, capacity, held); err != nil {
 		seg.Close()
 		releaseImport(kp.tseg)
 		releaseNotifier(kp.note)
@@ -189,6 +209,7 @@ func (d *Device) dialEarlyOut(conn *net.UnixConn, opts QPOptions, seg *shm.Segme
 	own(qp) // the segment's fd: dropped, or kept for reuse (qppool.go)
 	qp.peer.pid, qp.peer.uid, qp.peer.attr, qp.peer.version, qp.peer.private = kp.pid, kp.uid, kp.attr, kp.version, kp.reply
 	qp.awaiting = kp
+	qp.awaitNamed = held != nil
 	qp.awaitKey = knownKey{addr: conn.RemoteAddr().String(), hello: string(opts.PrivateData)}
 	qp.awaitBy = time.Now().Add(opts.Timeout) // takeReply's deadline
 	conn.SetDeadline(time.Time{})
@@ -223,25 +244,36 @@ func (qp *QueuePair) takeReply() error {
 	if err != nil {
 		err = fmt.Errorf("%w: handshake reply: %v", ErrProtocol, err)
 	} else {
-		err = checkReply(buf[:n], fds, kp)
+		err = checkReply(buf[:n], fds, kp, qp.awaitNamed)
 	}
 	sys.CloseAll(fds)
 	if err != nil {
 		qp.dev.forget(qp.awaitKey, kp)
 	} else {
+		if len(fds) == 0 {
+			qp.sqMu.Lock()
+			qp.sstats.HeldReplies = 1
+			qp.sqMu.Unlock()
+		}
 		qp.replied.Store(true)
 	}
 	return err
 }
 
 // checkReply checks an early dial's reply b, with fds, against kp.
-func checkReply(b []byte, fds []int, kp *knownPeer) error {
+func checkReply(b []byte, fds []int, kp *knownPeer, named bool) error {
 	r, err := parseReply(b, len(fds))
 	if err != nil {
 		return err
 	}
 	if v, err := negotiate(r); err != nil || v != kp.version || r.attr() != kp.attr || !bytes.Equal(r.private, kp.reply) {
 		return fmt.Errorf("%w: the listener answered otherwise than before (version %d, %+v, %d bytes of private data)", ErrProtocol, r.maxVer, r.attr(), len(r.private))
+	}
+	if r.flags&cmFlagHeld != 0 {
+		if !named {
+			return fmt.Errorf("%w: a reply without fds to a hello that named none", ErrProtocol)
+		}
+		return nil // the listener says the files we named are its own
 	}
 	table, terr := shm.FileIDOf(fds[0])
 	hub, herr := shm.FileIDOf(fds[1])

@@ -98,6 +98,17 @@ func TestEarlyDial(t *testing.T) {
 		if err := qp.Err(); err != nil {
 			t.Fatalf("dial %d: queue pair failed: %v", i, err)
 		}
+		// An early dial names the listener's table and hub, which it
+		// holds: the reply comes without fds (CM version 5).
+		for !qp.Taken() {
+			if err := qp.Err(); err != nil {
+				t.Fatalf("dial %d: queue pair failed before its reply: %v", i, err)
+			}
+			runtime.Gosched()
+		}
+		if got, want := qp.Stats().HeldReplies, uint64(min(i, 1)); got != want {
+			t.Fatalf("dial %d: %d replies without fds, want %d", i, got, want)
+		}
 		qp.Close()
 		r.qp.Close()
 	}
@@ -176,6 +187,21 @@ func TestEarlyDialAnswerChanged(t *testing.T) {
 	}
 }
 
+// TestHeldReplyUnnamed: a reply that says the dialer holds the
+// listener's files, to a hello that named none, is a protocol error.
+func TestHeldReplyUnnamed(t *testing.T) {
+	d := openDevice(t, nil)
+	r := d.hello(0, nil)
+	r.flags |= cmFlagHeld
+	kp := &knownPeer{version: cmVersion, attr: d.Attr()}
+	if err := checkReply(r.marshal(), nil, kp, false); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "named none") {
+		t.Fatalf("a held reply to a hello that named nothing: %v", err)
+	}
+	if err := checkReply(r.marshal(), nil, kp, true); err != nil {
+		t.Fatalf("a held reply to a hello that named the files: %v", err)
+	}
+}
+
 // TestEarlyDialHostileReply: a listener on the address of a known one, in
 // the same process (so that the early dial trusts it), that answers the
 // hello with garbage, with the fds of another device, or not at all:
@@ -193,6 +219,12 @@ func TestEarlyDialHostileReply(t *testing.T) {
 			table, pipe := other.hub.Fds()
 			sys.SendFds(conn, other.hello(0, nil).marshal(), other.regSeg.Fd(), table, pipe)
 		}, "another registration table or hub"},
+		{"held, with fds", func(conn *net.UnixConn) {
+			h := other.hello(0, nil)
+			h.flags |= cmFlagHeld
+			table, pipe := other.hub.Fds()
+			sys.SendFds(conn, h.marshal(), other.regSeg.Fd(), table, pipe)
+		}, "a reply flagged as held with 3 fds"},
 		{"silence", nil, "i/o timeout"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -171,6 +171,7 @@ type QueuePair struct {
 	// An early dial's (known.go): the answer it runs on, whose reply the
 	// connection reader takes first, by awaitBy.
 	awaiting   *knownPeer
+	awaitNamed bool // the hello named awaiting's files (cmFlagHeld)
 	awaitKey   knownKey
 	awaitBy    time.Time
 	replied    atomic.Bool // the early dial's reply came and matched

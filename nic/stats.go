@@ -164,6 +164,7 @@ func emitNICStats(emit func(group, name string, v uint64), g string, st *Stats) 
 	emit(g, "polled_chunks", st.PolledChunks)
 	emit(g, "engine_chunks", st.EngineChunks)
 	emit(g, "segments_reused", st.SegmentsReused)
+	emit(g, "held_replies", st.HeldReplies)
 }
 
 func emitPinStats(emit func(group, name string, v uint64), g string, st pin.Stats) {

@@ -187,7 +187,10 @@ var ErrNoFds = errors.New("message carried no file descriptors")
 
 // SendFds sends msg with fds attached (SCM_RIGHTS) over c.
 func SendFds(c *net.UnixConn, msg []byte, fds ...int) error {
-	oob := unix.UnixRights(fds...)
+	var oob []byte // no fds: no control message at all
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
 	n, oobn, err := c.WriteMsgUnix(msg, oob, nil)
 	if err != nil {
 		return err
