@@ -31,6 +31,7 @@ type knownPeer struct {
 	uid     uint32
 	tseg    *shm.Segment  // the listener's registration table: one reference
 	note    *shm.Notifier // the listener's hub: one reference
+	files   heldFiles     // tseg's and note's files, which the kernel vouched for when they came
 	table   peerTable
 	attr    Attr
 	version uint16
@@ -63,8 +64,8 @@ func (d *Device) learn(key knownKey, qp *QueuePair) {
 	if d.known == nil {
 		d.known = map[knownKey]*knownPeer{}
 	}
-	kp := &knownPeer{pid: qp.peer.pid, uid: qp.peer.uid, tseg: qp.peer.tableSeg, note: qp.note, table: qp.peer.table,
-		attr: qp.peer.attr, version: qp.peer.version, reply: qp.peer.private, until: time.Now().Add(importLinger)}
+	kp := &knownPeer{pid: qp.peer.pid, uid: qp.peer.uid, tseg: qp.peer.tableSeg, note: qp.note, files: heldFiles{table: im.key.id, hub: in.id},
+		table: qp.peer.table, attr: qp.peer.attr, version: qp.peer.version, reply: qp.peer.private, until: time.Now().Add(importLinger)}
 	d.known[key] = kp
 	d.armSweepLocked(kp.until)
 	imports.mu.Unlock()
@@ -184,13 +185,7 @@ func heldOf(kp *knownPeer) *heldFiles {
 	if kp.version < cmHeldVersion {
 		return nil
 	}
-	imports.mu.Lock()
-	defer imports.mu.Unlock()
-	im, in := imports.bySeg[kp.tseg], notifiers.byN[kp.note]
-	if im == nil || in == nil {
-		return nil
-	}
-	return &heldFiles{table: im.key.id, hub: in.id}
+	return &kp.files
 }
 
 func (d *Device) dialEarlyOut(conn *net.UnixConn, opts QPOptions, seg *shm.Segment, capacity int, kp *knownPeer, own func(*QueuePair)) (*QueuePair, error) {
@@ -277,11 +272,7 @@ func checkReply(b []byte, fds []int, kp *knownPeer, named bool) error {
 	}
 	table, terr := shm.FileIDOf(fds[0])
 	hub, herr := shm.FileIDOf(fds[1])
-	imports.mu.Lock()
-	im, in := imports.bySeg[kp.tseg], notifiers.byN[kp.note]
-	same := terr == nil && herr == nil && im != nil && in != nil && im.key.id == table && in.id == hub
-	imports.mu.Unlock()
-	if !same {
+	if terr != nil || herr != nil || table != kp.files.table || hub != kp.files.hub {
 		return fmt.Errorf("%w: the listener answered with another registration table or hub than before", ErrProtocol)
 	}
 	return nil
