@@ -3,8 +3,11 @@ package pin
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // MonitorKind names a way of learning that the address space changed under
@@ -173,6 +176,12 @@ func (c *Cache) startAuto() {
 	c.epoch = c.mon.epoch()
 	c.report = MonitorReport{Kind: MonitorOwned, Starting: true}
 	go func() {
+		// The load runs at the lowest priority on a thread of its own,
+		// which ends with this goroutine (never unlocked): its tens of
+		// milliseconds of verifier work yield the CPU to the dial that
+		// started it and to the peer that answers (docs/setup.md).
+		runtime.LockOSThread()
+		_ = sys.NiceThread(19) // best effort: at worst the load competes, as before
 		m, rep, err := startMonitor(MonitorAuto, c.cfg.MaxBacklog)
 		c.mu.Lock()
 		defer c.mu.Unlock()

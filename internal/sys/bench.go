@@ -73,6 +73,14 @@ func PinThread(cpu int) (restore func() error, err error) {
 	return func() error { return unix.SchedSetaffinity(0, &old) }, nil
 }
 
+// NiceThread lowers the calling OS thread's scheduling priority to nice
+// (0 to 19; Linux keeps a nice value per thread). The caller must hold the
+// thread (runtime.LockOSThread) and never release it, so that the thread
+// ends with its goroutine rather than serve others at the lower priority.
+func NiceThread(nice int) error {
+	return unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), nice)
+}
+
 // ThreadPreemptions returns how often the calling thread has been switched
 // out involuntarily (preempted) so far: a busy-polling measurement that
 // counts any was disturbed by other work on its CPU.

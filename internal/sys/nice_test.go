@@ -1,0 +1,50 @@
+//go:build linux
+
+package sys
+
+import (
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestNiceThread: NiceThread lowers the calling thread's priority and
+// no other thread's (Linux keeps nice per thread): the test's own thread,
+// held so that the other goroutine cannot run on it, keeps its own.
+func TestNiceThread(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before := threadNice(t, "/proc/thread-self/stat")
+	done := make(chan int)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := NiceThread(19); err != nil {
+			t.Error(err)
+		}
+		done <- threadNice(t, "/proc/thread-self/stat")
+	}()
+	if got := <-done; got != 19 {
+		t.Fatalf("the thread's nice after NiceThread(19) = %d, want 19", got)
+	}
+	if after := threadNice(t, "/proc/thread-self/stat"); after != before {
+		t.Fatalf("the test's thread's nice went from %d to %d", before, after)
+	}
+}
+
+// threadNice reads the nice field (the 19th) of a stat file.
+func threadNice(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from the 3rd on
+	n, err := strconv.Atoi(fields[19-3])
+	if err != nil {
+		t.Fatalf("%s: nice %q: %v", path, fields[19-3], err)
+	}
+	return n
+}
