@@ -176,12 +176,26 @@ func (c *Cache) startAuto() {
 	c.epoch = c.mon.epoch()
 	c.report = MonitorReport{Kind: MonitorOwned, Starting: true}
 	go func() {
-		// The load runs at the lowest priority on a thread of its own,
-		// which ends with this goroutine (never unlocked): its tens of
-		// milliseconds of verifier work yield the CPU to the dial that
-		// started it and to the peer that answers (docs/setup.md).
+		// The load runs at the lowest priority, where the thread can be
+		// given its own back after: its tens of milliseconds of verifier
+		// work yield the CPU to the dial that started it and to the peer
+		// that answers (docs/setup.md). Without the right to restore it,
+		// it runs as before.
 		runtime.LockOSThread()
-		_ = sys.NiceThread(19) // best effort: at worst the load competes, as before
+		if restore, err := sys.NiceThread(19); err == nil {
+			defer func() {
+				// Never ended (a locked goroutine's exit ends its thread,
+				// which would kill children started from it with a
+				// parent-death signal). The check before lowering means
+				// the restore succeeds; if a changed limit made it fail,
+				// the thread serves on at the lower priority: slower
+				// under load, never wrong.
+				_ = restore()
+				runtime.UnlockOSThread()
+			}()
+		} else {
+			runtime.UnlockOSThread()
+		}
 		m, rep, err := startMonitor(MonitorAuto, c.cfg.MaxBacklog)
 		c.mu.Lock()
 		defer c.mu.Unlock()

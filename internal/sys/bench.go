@@ -74,11 +74,51 @@ func PinThread(cpu int) (restore func() error, err error) {
 }
 
 // NiceThread lowers the calling OS thread's scheduling priority to nice
-// (0 to 19; Linux keeps a nice value per thread). The caller must hold the
-// thread (runtime.LockOSThread) and never release it, so that the thread
-// ends with its goroutine rather than serve others at the lower priority.
-func NiceThread(nice int) error {
-	return unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), nice)
+// (Linux keeps a nice value per thread) and returns a function that puts
+// the old one back. The caller must hold the thread (runtime.LockOSThread)
+// until restore has returned nil, and may release it only then: a thread
+// left at the lower priority would serve other goroutines slowly, and one
+// ended instead (a locked goroutine's exit) would deliver the parent-death
+// signal to every child the program started from it (Pdeathsig).
+// NiceThread fails, changing nothing, when the thread could not raise its
+// priority back: without CAP_SYS_NICE, RLIMIT_NICE must allow the old value.
+func NiceThread(nice int) (restore func() error, err error) {
+	tid := unix.Gettid()
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	if err != nil {
+		return nil, fmt.Errorf("getpriority: %w", err)
+	}
+	old := 20 - prio // the system call's value is 20 - nice, to stay positive
+	if nice <= old {
+		return nil, fmt.Errorf("nice %d is not below the thread's priority (nice %d)", nice, old)
+	}
+	if !canRenice(old) {
+		return nil, fmt.Errorf("nice %d could not be restored: no CAP_SYS_NICE, and RLIMIT_NICE does not allow it", old)
+	}
+	if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil {
+		return nil, fmt.Errorf("setpriority: %w", err)
+	}
+	return func() error {
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, old); err != nil {
+			return fmt.Errorf("setpriority back to %d: %w", old, err)
+		}
+		return nil
+	}, nil
+}
+
+// canRenice tells whether the calling thread may set its nice value to
+// nice from a higher one.
+func canRenice(nice int) bool {
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NICE, &lim) == nil && 20-int64(lim.Cur) <= int64(nice) {
+		return true
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if unix.Capget(&hdr, &data[0]) != nil {
+		return false
+	}
+	return data[unix.CAP_SYS_NICE/32].Effective&(1<<(unix.CAP_SYS_NICE%32)) != 0
 }
 
 // ThreadPreemptions returns how often the calling thread has been switched

@@ -12,22 +12,39 @@ import (
 
 // TestNiceThread: NiceThread lowers the calling thread's priority and
 // no other thread's (Linux keeps nice per thread): the test's own thread,
-// held so that the other goroutine cannot run on it, keeps its own.
+// held so that the other goroutine cannot run on it, keeps its own. The
+// restore puts the old priority back, so the thread can serve on.
 func TestNiceThread(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	before := threadNice(t, "/proc/thread-self/stat")
 	done := make(chan int)
 	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := NiceThread(19); err != nil {
+		runtime.LockOSThread()
+		old := threadNice(t, "/proc/thread-self/stat")
+		restore, err := NiceThread(19)
+		if err != nil {
 			t.Error(err)
+			done <- -1
+			return
 		}
 		done <- threadNice(t, "/proc/thread-self/stat")
+		if _, err := NiceThread(19); err == nil {
+			t.Error("NiceThread(19) at nice 19: no error")
+		}
+		if err := restore(); err != nil {
+			t.Error(err)
+		}
+		if got := threadNice(t, "/proc/thread-self/stat"); got != old {
+			t.Errorf("nice after the restore = %d, want %d", got, old)
+		}
+		runtime.UnlockOSThread()
+		done <- 0
 	}()
 	if got := <-done; got != 19 {
 		t.Fatalf("the thread's nice after NiceThread(19) = %d, want 19", got)
 	}
+	<-done
 	if after := threadNice(t, "/proc/thread-self/stat"); after != before {
 		t.Fatalf("the test's thread's nice went from %d to %d", before, after)
 	}
