@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
 )
@@ -166,6 +168,11 @@ func startMonitor(kind MonitorKind, backlog int) (monitor, MonitorReport, error)
 	return nil, rep, fmt.Errorf("no monitor can run")
 }
 
+// loadNiceFor bounds how long the background load runs at the lowest
+// priority: the first connection's few milliseconds, not a busy
+// program's life.
+const loadNiceFor = 10 * time.Millisecond
+
 // startAuto starts MonitorAuto's choice in the background: loading and
 // attaching the eBPF probes takes tens of milliseconds, which a first
 // connection should not wait for. Until the monitor is adopted the cache
@@ -176,21 +183,38 @@ func (c *Cache) startAuto() {
 	c.epoch = c.mon.epoch()
 	c.report = MonitorReport{Kind: MonitorOwned, Starting: true}
 	go func() {
-		// The load runs at the lowest priority, where the thread can be
-		// given its own back after: its tens of milliseconds of verifier
-		// work yield the CPU to the dial that started it and to the peer
-		// that answers (docs/setup.md). Without the right to restore it,
-		// it runs as before.
+		// The load starts at the lowest priority, so that its verifier
+		// work yields the CPU to the dial that started it and to the peer
+		// that answers, for loadNiceFor at most: where other threads keep
+		// the CPUs busy (busy polling) it would not run at all, and
+		// foreign memory would stay uncached (docs/setup.md). Without the
+		// right to restore the priority it runs as before.
 		runtime.LockOSThread()
 		if restore, err := sys.NiceThread(19); err == nil {
+			var (
+				mu   sync.Mutex // guards back
+				back bool       // the priority is restored
+			)
+			renice := func() {
+				mu.Lock()
+				defer mu.Unlock()
+				if !back {
+					back = true
+					// If a changed limit made it fail, the thread serves
+					// on at the lower priority: slower under load, never
+					// wrong. It is never ended (a locked goroutine's
+					// exit), which would kill the children started from
+					// it with a parent-death signal.
+					_ = restore()
+				}
+			}
+			// The timer's renice runs while this goroutine still holds
+			// the thread, or finds it restored: restore names the
+			// thread by its id.
+			t := time.AfterFunc(loadNiceFor, renice)
 			defer func() {
-				// Never ended (a locked goroutine's exit ends its thread,
-				// which would kill children started from it with a
-				// parent-death signal). The check before lowering means
-				// the restore succeeds; if a changed limit made it fail,
-				// the thread serves on at the lower priority: slower
-				// under load, never wrong.
-				_ = restore()
+				t.Stop()
+				renice()
 				runtime.UnlockOSThread()
 			}()
 		} else {
