@@ -149,9 +149,10 @@ type Device struct {
 	// reuse, live and pooled (qppool.go).
 	qpKept atomic.Int32
 
-	mu   lockrank.Mutex                 // guards regs, free, memSegs, qps, closed; before QP and CQ locks
-	regs []atomic.Pointer[MemoryRegion] // by table index; read without mu
-	free []int                          // free table indices
+	mu    lockrank.Mutex                 // guards regs, free, fresh, memSegs, qps, closed; before QP and CQ locks
+	regs  []atomic.Pointer[MemoryRegion] // by table index; read without mu
+	free  []int                          // table indices released, reused first
+	fresh int                            // table indices from fresh on were never used
 	// remote lists the regions with remote access pinned through each
 	// cached range, so that an invalidation revokes exactly those.
 	remote  map[*pin.Region][]*MemoryRegion
@@ -255,9 +256,6 @@ func Open(cfg *Config) (*Device, error) {
 		qps:     map[*QueuePair]struct{}{},
 	}
 	d.mu.Init(lockrank.NICDevice)
-	for i := c.MaxRegions - 1; i >= 0; i-- {
-		d.free = append(d.free, i)
-	}
 	if d.hub, err = shm.NewHub(); err != nil {
 		seg.Close()
 		return nil, fmt.Errorf("nic: %w", err)

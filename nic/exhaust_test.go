@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -175,4 +176,58 @@ func TestPinBudgetENOBUFS(t *testing.T) {
 		t.Fatalf("after release: %v", err)
 	}
 	d.Deregister(mr2)
+}
+
+// TestRegistrationTableFull: a device hands out its table's every index
+// once, lowest first, refuses one region more with ENOBUFS naming the
+// full table, and reuses the index a deregistration frees, the last freed
+// first.
+func TestRegistrationTableFull(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxRegions = 16
+	d := openDevice(t, &cfg)
+	bufs := make([][]byte, cfg.MaxRegions+1)
+	for i := range bufs {
+		bufs[i] = make([]byte, 64)
+	}
+	mrs := make([]*MemoryRegion, cfg.MaxRegions)
+	for i := range mrs {
+		mr, err := d.Register(bufs[i], AccessLocalWrite)
+		if err != nil {
+			t.Fatalf("region %d of %d: %v", i+1, cfg.MaxRegions, err)
+		}
+		if mr.LKey != uint32(i)+1 {
+			t.Fatalf("region %d: lkey %d, want %d (indices lowest first)", i+1, mr.LKey, i+1)
+		}
+		mrs[i] = mr
+	}
+	_, err := d.Register(bufs[cfg.MaxRegions], AccessLocalWrite)
+	if !errors.Is(err, syscall.ENOBUFS) || !strings.Contains(err.Error(), "registration table full (16 regions)") {
+		t.Fatalf("one region more: %v, want ENOBUFS naming the full table", err)
+	}
+	for _, i := range []int{5, 9} {
+		if err := d.Deregister(mrs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []uint32{10, 6} {
+		mr, err := d.Register(bufs[cfg.MaxRegions], AccessLocalWrite)
+		if err != nil {
+			t.Fatalf("after deregistrations: %v", err)
+		}
+		if mr.LKey != want {
+			t.Fatalf("lkey %d after deregistrations, want %d", mr.LKey, want)
+		}
+		defer d.Deregister(mr)
+	}
+	if _, err := d.Register(bufs[cfg.MaxRegions], AccessLocalWrite); !errors.Is(err, syscall.ENOBUFS) {
+		t.Fatalf("full again: %v, want ENOBUFS", err)
+	}
+	for i, mr := range mrs {
+		if i != 5 && i != 9 {
+			if err := d.Deregister(mr); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }

@@ -154,7 +154,7 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 		mr.h = h
 	}
 	d.mu.Lock()
-	if d.closed || len(d.free) == 0 {
+	if d.closed || len(d.free) == 0 && d.fresh == len(d.regs) {
 		closed := d.closed
 		d.mu.Unlock()
 		if d.cache != nil {
@@ -170,8 +170,16 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 		mr.seg, mr.off = noSegment, 0 // freed meanwhile: not device memory any more
 	}
 	mr.stable = mr.seg != noSegment || access&AccessStable != 0
-	mr.idx = d.free[len(d.free)-1]
-	d.free = d.free[:len(d.free)-1]
+	if n := len(d.free); n > 0 {
+		mr.idx = d.free[n-1]
+		d.free = d.free[:n-1]
+	} else {
+		// Indices are handed out lowest first; a list of them all,
+		// built up front, cost a fresh process tens of microseconds
+		// in Open.
+		mr.idx = d.fresh
+		d.fresh++
+	}
 	mr.LKey = uint32(mr.idx) + 1
 	if access&remoteAccess != 0 {
 		mr.RKey = randomBits()<<rkeyIndexBits | uint64(mr.idx)

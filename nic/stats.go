@@ -116,7 +116,7 @@ func (s *statSource) collect() bool {
 	for qp := range d.qps {
 		s.qps = append(s.qps, qpStat{qp: qp})
 	}
-	s.regions = len(d.regs) - len(d.free)
+	s.regions = d.fresh - len(d.free)
 	s.segs = len(d.memSegs)
 	d.mu.Unlock()
 	total := retired
