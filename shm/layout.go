@@ -74,7 +74,8 @@ const (
 	ringPClosedOff  = ringCapacityOff + 8
 	ringCClosedOff  = ringPClosedOff + 4
 	ringCSpinsOff   = ringCClosedOff + 4
-	ringControlEnd  = ringCSpinsOff + 4
+	ringPFencesOff  = ringCSpinsOff + 4
+	ringControlEnd  = ringPFencesOff + 4
 
 	lineSize = 128
 

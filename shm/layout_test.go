@@ -12,7 +12,7 @@ func TestLayoutChains(t *testing.T) {
 	}{
 		{"segment header fits its line", segHeaderEnd, 28},
 		{"segment header size", SegmentHeaderSize, lineSize},
-		{"ring control fits its line", ringControlEnd, 28},
+		{"ring control fits its line", ringControlEnd, 32},
 		{"producer line", ringProducerLine, 1 * lineSize},
 		{"consumer line", ringConsumerLine, 2 * lineSize},
 		{"consumer doorbell", ringConsumerBell, 3 * lineSize},

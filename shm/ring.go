@@ -88,6 +88,7 @@ type ring struct {
 	pClosed *uint32 // control line
 	cClosed *uint32 // control line
 	cSpins  *uint32 // control line: the consumer never sleeps (SetSpinning)
+	pFences *uint32 // control line: the producer fences for unfenced releases (NewProducer)
 	cBell   *uint32 // consumer doorbell
 	pBell   *uint32 // producer doorbell
 
@@ -131,6 +132,7 @@ func (r *ring) attach(region []byte, cfg WaitConfig) error {
 	r.pClosed = word32(region, ringPClosedOff)
 	r.cClosed = word32(region, ringCClosedOff)
 	r.cSpins = word32(region, ringCSpinsOff)
+	r.pFences = word32(region, ringPFencesOff)
 	r.cBell = word32(region, ringConsumerBell)
 	r.pBell = word32(region, ringProducerBell)
 	r.wait = NewWaitStrategy(cfg)
@@ -220,8 +222,14 @@ func NewProducer(region []byte, cfg WaitConfig) (*Producer, error) {
 	}
 	p.tailPos, p.headCache = tail, head
 	// Registered, this process is reached by a consumer's global barrier:
-	// its commits may skip their fence while the consumer spins.
+	// its commits may skip their fence while the consumer spins. And it
+	// can issue one: the consumer may release records without a fence,
+	// since this producer issues the barrier before it sleeps for space
+	// (spaceWait.Arm).
 	p.fenceFree = sys.MembarrierRegister() == nil
+	if p.fenceFree {
+		store32(p.pFences, 1) // publishes: releases may skip their fence
+	}
 	return p, nil
 }
 
@@ -377,7 +385,18 @@ func (w *spaceWait) Ready() bool {
 	return ok || err != nil
 }
 
-func (w *spaceWait) Arm(bell uint32) { store32(w.pBell, bell) }
+// Arm announces bell in the producer's doorbell. A producer that
+// declared it fences for the consumer (pFences) then issues a global
+// barrier, before the caller re-checks the head: a release published with
+// a release store before the barrier is visible after it, and a release
+// after it sees the doorbell, so no wake-up is lost either way
+// (Consumer.publishHead).
+func (w *spaceWait) Arm(bell uint32) {
+	store32(w.pBell, bell) // publishes: wake this waiter
+	if bell != 0 && w.fenceFree {
+		_ = sys.MembarrierGlobal() // NewProducer's registration checked that it works
+	}
+}
 
 func (s *WaitStats) count(o Outcome) {
 	switch o {
@@ -416,6 +435,7 @@ type Consumer struct {
 	ring
 	headPos  uint64 // next record position (private)
 	released uint64 // head as last published
+	unfenced bool   // a producer's global barrier reaches this process (sys.MembarrierRegister)
 	stats    WaitStats
 	got      Record // what Next's wait found
 	gotErr   error
@@ -432,6 +452,7 @@ func NewConsumer(region []byte, cfg WaitConfig) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: ring head %d", ErrCorrupt, head)
 	}
 	c.headPos, c.released = head, head
+	c.unfenced = sys.MembarrierRegister() == nil
 	return c, nil
 }
 
@@ -575,7 +596,22 @@ func (c *Consumer) ReleaseTo(pos uint64) {
 	if pos <= c.released || pos > c.headPos {
 		return
 	}
-	store64(c.head, pos) // publishes: the space before pos is free
+	c.publishHead(pos)
+}
+
+// publishHead publishes pos as the consumer's head, the space before it
+// free, and wakes a producer that sleeps for space. The store is a
+// sequentially consistent one, so that the doorbell's load cannot pass
+// it, unless this process is reached by the producer's global barrier
+// and the producer said it issues one before it sleeps (pFences,
+// spaceWait.Arm): then a release store, which costs no fence on the
+// path of every Read (docs/performance.md, "Releases without a fence").
+func (c *Consumer) publishHead(pos uint64) {
+	if c.unfenced && load32(c.pFences) != 0 {
+		storeRelease64(c.head, pos)
+	} else {
+		store64(c.head, pos)
+	}
 	c.released = pos
 	c.wake(c.pBell, &c.stats.Wakes)
 }
@@ -591,9 +627,7 @@ func (c *Consumer) Release() {
 	if c.headPos == c.released {
 		return
 	}
-	store64(c.head, c.headPos) // publishes: the space before head is free
-	c.released = c.headPos
-	c.wake(c.pBell, &c.stats.Wakes)
+	c.publishHead(c.headPos)
 }
 
 // Close tells the producer that nothing more is read, wakes it, and makes

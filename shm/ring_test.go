@@ -710,3 +710,74 @@ func TestResetRing(t *testing.T) {
 		t.Fatal("ResetRing accepted a region too short for the ring")
 	}
 }
+
+// TestUnfencedReleaseWakes: a consumer that releases with a release store
+// (its producer declared that it fences before it sleeps for space) and a
+// producer that arms its doorbell and looks at the head, racing: in every
+// round either the producer sees the released head or the consumer sees
+// the doorbell and wakes it. Without the producer's global barrier in
+// Arm, the consumer's doorbell load may pass its own head store and the
+// producer's head load its own doorbell store, and both miss.
+func TestUnfencedReleaseWakes(t *testing.T) {
+	p, c := newRing(t, 1<<12, WaitConfig{Mode: WaitBusyPoll}, WaitConfig{Mode: WaitBusyPoll})
+	if !c.unfenced || load32(c.pFences) == 0 {
+		t.Skip("no global memory barriers here: every release fences")
+	}
+	rounds := 20_000
+	if testing.Short() {
+		rounds = 5_000
+	}
+	var round, done atomic.Int64
+	sawHead := make([]bool, rounds)
+	delay := func(rng *rand.Rand) {
+		for range rng.IntN(64) {
+			round.Load()
+		}
+	}
+	bell := p.waiter.Bell()
+	go func() {
+		runtime.LockOSThread()
+		rng := rand.New(rand.NewPCG(5, 6))
+		for i := range int64(rounds) {
+			for round.Load() != i+1 {
+			}
+			before := p.headCache
+			delay(rng)
+			(*spaceWait)(p).Arm(bell)
+			sawHead[i] = load64(p.head) != before
+			if err := p.refreshHead(); err != nil {
+				panic(err)
+			}
+			done.Store(i + 1)
+		}
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	lost := 0
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := range int64(rounds) {
+		if _, err := p.Reserve(8, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Commit(0, 8); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, err := c.Poll(); !ok || err != nil {
+			t.Fatalf("round %d: the record is not there: %v", i, err)
+		}
+		wakes := c.stats.Wakes
+		round.Store(i + 1)
+		delay(rng)
+		c.Release()
+		woke := c.stats.Wakes != wakes
+		for done.Load() != i+1 {
+		}
+		if !sawHead[i] && !woke {
+			lost++
+		}
+		store32(p.pBell, 0) // the next round arms afresh
+	}
+	if lost > 0 {
+		t.Fatalf("%d of %d rounds: neither side saw the other's store (a lost wake-up)", lost, rounds)
+	}
+}
