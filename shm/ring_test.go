@@ -649,6 +649,35 @@ func TestAdaptiveSpinsWhileItPays(t *testing.T) {
 	}
 }
 
+// TestAdaptiveSpinsThroughAWakeUp: waits a little longer than the spin —
+// what two sides that both park see, each waiting for the other's
+// wake-up — keep the spin, so that the two can find each other spinning;
+// waits of more than two spins park but for the probes.
+func TestAdaptiveSpinsThroughAWakeUp(t *testing.T) {
+	const spin = 20 * time.Microsecond
+	s := NewWaitStrategy(WaitConfig{Mode: WaitAdaptive, Spin: spin})
+	for range 40 {
+		s.learn(spin * 3 / 2) // a peer's wake-up, a bit longer than the spin
+	}
+	for i := range 2 * probeEvery {
+		if !s.spins() {
+			t.Fatalf("wait %d: waits of 1.5 spins do not spin", i)
+		}
+	}
+	for range 40 {
+		s.learn(spin * 5 / 2)
+	}
+	spun := 0
+	for range 2 * probeEvery {
+		if s.spins() {
+			spun++
+		}
+	}
+	if spun != 2 {
+		t.Fatalf("after waits of 2.5 spins, %d spins in %d waits, want the 2 probes", spun, 2*probeEvery)
+	}
+}
+
 // TestResetRing uses a ring until it has wrapped and both sides closed
 // it, resets it, and uses it again: the new sides find it empty and open,
 // and every record is the new one, however the old ones lay.

@@ -139,6 +139,10 @@ type WaitStrategy struct {
 	since uint8
 }
 
+// spinPays: an adaptive wait spins while its waits last less than this
+// many spins on average (spins).
+const spinPays = 2
+
 // probeEvery is how often, in waits, an adaptive wait whose recent waits
 // were long spins all the same.
 const probeEvery = 16
@@ -193,10 +197,19 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 	return WaitedSlept, err
 }
 
-// spins tells whether an adaptive wait spins: its recent waits were short
-// on average, or it is the probe.
+// spins tells whether an adaptive wait spins: its recent waits were
+// shorter than spinPays spins on average, or it is the probe.
+//
+// Not one spin: two sides that both park see each wait last as long as
+// the other's wake-up, and where a wake-up takes about a spin (10–25 µs
+// on this project's two-vCPU guest) both would go on parking, each wait
+// long because the other parks, though a ping-pong between two spinning
+// sides answers in a microsecond. A probe cannot show it: one side's spin
+// still waits for the other's wake-up. Waits under two spins keep both
+// spinning, and a wait that long costs a spin that misses no more than it
+// costs the wait (docs/performance.md, "shm: waiting").
 func (s *WaitStrategy) spins() bool {
-	if s.since++; s.mean < s.cfg.Spin || s.since >= probeEvery {
+	if s.since++; s.mean < spinPays*s.cfg.Spin || s.since >= probeEvery {
 		s.since = 0
 		return true
 	}
