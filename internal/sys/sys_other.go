@@ -166,7 +166,7 @@ func Word32([]byte, int) (*uint32, error)                  { return nil, unsuppo
 func AllowedCPUs() ([]int, error)                          { return nil, unsupported("sched_getaffinity") }
 func PinThread(int) (func() error, error)                  { return nil, unsupported("sched_setaffinity") }
 func ThreadPreemptions() (int64, error)                    { return 0, unsupported("thread statistics") }
-func NiceThread(int) error                                 { return unsupported("setpriority") }
+func NiceThread(int) (func() error, error)                 { return nil, unsupported("setpriority") }
 func ThreadCPU() (time.Duration, error)                    { return 0, unsupported("thread CPU clock") }
 func MapFd(int, int64, int, bool) ([]byte, error)          { return nil, unsupported("mmap") }
 func SetNonblock(int) error                                { return unsupported("fcntl") }
