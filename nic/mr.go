@@ -175,8 +175,8 @@ func (d *Device) register(owner Owner, buf []byte, access Access) (*MemoryRegion
 		d.free = d.free[:n-1]
 	} else {
 		// Indices are handed out lowest first; a list of them all,
-		// built up front, cost a fresh process tens of microseconds
-		// in Open.
+		// built up front, cost every Open its copies and page faults
+		// (docs/setup.md).
 		mr.idx = d.fresh
 		d.fresh++
 	}

@@ -201,8 +201,8 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 // shorter than spinPays spins on average, or it is the probe.
 //
 // Not one spin: two sides that both park see each wait last as long as
-// the other's wake-up, and where a wake-up takes about a spin (10–25 µs
-// on this project's two-vCPU guest) both would go on parking, each wait
+// the other's wake-up, and where a wake-up takes about a spin (as on a
+// small virtual machine) both would go on parking, each wait
 // long because the other parks, though a ping-pong between two spinning
 // sides answers in a microsecond. A probe cannot show it: one side's spin
 // still waits for the other's wake-up. Waits under two spins keep both

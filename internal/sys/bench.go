@@ -75,11 +75,13 @@ func PinThread(cpu int) (restore func() error, err error) {
 
 // NiceThread lowers the calling OS thread's scheduling priority to nice
 // (Linux keeps a nice value per thread) and returns a function that puts
-// the old one back. The caller must hold the thread (runtime.LockOSThread)
-// until restore has returned nil, and may release it only then: a thread
-// left at the lower priority would serve other goroutines slowly, and one
-// ended instead (a locked goroutine's exit) would deliver the parent-death
-// signal to every child the program started from it (Pdeathsig).
+// the old one back; restore names the thread by its id, so any goroutine
+// may call it while the thread is held. The caller must hold the thread
+// (runtime.LockOSThread) from before NiceThread until after restore: a
+// thread released at the lower priority serves other goroutines slowly.
+// It should not end the thread instead (a locked goroutine's exit), which
+// delivers the parent-death signal to every child the program started
+// from that thread (Pdeathsig).
 // NiceThread fails, changing nothing, when the thread could not raise its
 // priority back: without CAP_SYS_NICE, RLIMIT_NICE must allow the old value.
 func NiceThread(nice int) (restore func() error, err error) {

@@ -100,8 +100,8 @@ func MemTotal() uint64 {
 // /proc/self/maps) may occupy: from its top down by RLIMIT_STACK (at most
 // 1 GiB, and, when the top comes from /proc/self/maps, at least the
 // mapping as it is now). The top comes from the auxiliary vector when it
-// can, which costs nothing; reading /proc/self/maps cost a fresh process
-// 0.2–0.6 ms, on its first connection's path (docs/setup.md).
+// can, which costs nothing; /proc/self/maps, read otherwise, is costly
+// on a fresh process's first connection's path (docs/setup.md).
 func MainStack() (lo, hi uintptr, err error) {
 	if top := stackTopAuxv(); top != 0 {
 		return top - stackReach(top, 0), top, nil
