@@ -480,14 +480,53 @@ func TestSpinningTakeBackFences(t *testing.T) {
 	if err := c.SetSpinning(); err != nil {
 		t.Skipf("no global memory barriers here: %v", err)
 	}
+	var sawBell, sawRecord bool
+	lost := litmus(
+		func(int) {
+			if err := c.SetSpinning(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		func(int) { // the producer
+			if _, err := p.Reserve(8, time.Time{}); err != nil {
+				panic(err)
+			}
+			wakes := p.stats.Wakes
+			if err := p.Commit(0, 8); err != nil {
+				panic(err)
+			}
+			sawBell = p.stats.Wakes != wakes
+		},
+		func(int) { // the consumer
+			c.armBell(c.waiter.Bell())
+			sawRecord = c.Pending()
+		},
+		func(i int) bool {
+			c.armBell(0)
+			if _, ok, err := c.Poll(); !ok || err != nil {
+				t.Fatalf("round %d: the record is not there: %v", i, err)
+			}
+			c.Release()
+			return !sawRecord && !sawBell
+		})
+	if lost > 0 {
+		t.Fatalf("%d rounds: neither side saw the other's store (a lost wake-up)", lost)
+	}
+}
+
+// litmus runs rounds of two sequences racing on two threads, and counts
+// the rounds that lost. In round i, setup runs on the test's thread;
+// then a on a goroutine of its own and b on the test's thread, at about
+// the same moment, each after a random short delay, so that the two
+// overlap in some of the rounds whatever the hand-off between the cores;
+// then, once both are done, lost on the test's thread judges the round.
+// What a writes, the test's thread reads only after the round.
+func litmus(setup, a, b func(i int), lost func(i int) bool) int {
 	rounds := 20_000
 	if testing.Short() {
 		rounds = 5_000
 	}
 	var round, done atomic.Int64
-	sawBell := make([]bool, rounds)
-	// Random short delays on both sides make the two sequences overlap
-	// in some of the rounds, whatever the hand-off between the cores.
 	delay := func(rng *rand.Rand) {
 		for range rng.IntN(64) {
 			round.Load()
@@ -500,43 +539,26 @@ func TestSpinningTakeBackFences(t *testing.T) {
 			for round.Load() != i+1 {
 			}
 			delay(rng)
-			if _, err := p.Reserve(8, time.Time{}); err != nil {
-				panic(err)
-			}
-			wakes := p.stats.Wakes
-			if err := p.Commit(0, 8); err != nil {
-				panic(err)
-			}
-			sawBell[i] = p.stats.Wakes != wakes
+			a(int(i))
 			done.Store(i + 1)
 		}
 	}()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	lost := 0
+	n := 0
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := range int64(rounds) {
-		if err := c.SetSpinning(); err != nil {
-			t.Fatal(err)
-		}
+		setup(int(i))
 		round.Store(i + 1)
 		delay(rng)
-		c.armBell(c.waiter.Bell())
-		sawRecord := c.Pending()
+		b(int(i))
 		for done.Load() != i+1 {
 		}
-		if !sawRecord && !sawBell[i] {
-			lost++
+		if lost(int(i)) {
+			n++
 		}
-		c.armBell(0)
-		if _, ok, err := c.Poll(); !ok || err != nil {
-			t.Fatalf("round %d: the record is not there: %v", i, err)
-		}
-		c.Release()
 	}
-	if lost > 0 {
-		t.Fatalf("%d of %d rounds: neither side saw the other's store (a lost wake-up)", lost, rounds)
-	}
+	return n
 }
 
 func TestCorruptRecords(t *testing.T) {
@@ -752,61 +774,38 @@ func TestUnfencedReleaseWakes(t *testing.T) {
 	if !c.unfenced || load32(c.pFences) == 0 {
 		t.Skip("no global memory barriers here: every release fences")
 	}
-	rounds := 20_000
-	if testing.Short() {
-		rounds = 5_000
-	}
-	var round, done atomic.Int64
-	sawHead := make([]bool, rounds)
-	delay := func(rng *rand.Rand) {
-		for range rng.IntN(64) {
-			round.Load()
-		}
-	}
 	bell := p.waiter.Bell()
-	go func() {
-		runtime.LockOSThread()
-		rng := rand.New(rand.NewPCG(5, 6))
-		for i := range int64(rounds) {
-			for round.Load() != i+1 {
+	var sawHead, woke bool
+	lost := litmus(
+		func(i int) { // a record to release
+			if _, err := p.Reserve(8, time.Time{}); err != nil {
+				t.Fatal(err)
 			}
+			if err := p.Commit(0, 8); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok, err := c.Poll(); !ok || err != nil {
+				t.Fatalf("round %d: the record is not there: %v", i, err)
+			}
+		},
+		func(int) { // the producer, about to sleep for space
 			before := p.headCache
-			delay(rng)
 			(*spaceWait)(p).Arm(bell)
-			sawHead[i] = load64(p.head) != before
+			sawHead = load64(p.head) != before
 			if err := p.refreshHead(); err != nil {
 				panic(err)
 			}
-			done.Store(i + 1)
-		}
-	}()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	lost := 0
-	rng := rand.New(rand.NewPCG(7, 8))
-	for i := range int64(rounds) {
-		if _, err := p.Reserve(8, time.Time{}); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Commit(0, 8); err != nil {
-			t.Fatal(err)
-		}
-		if _, ok, err := c.Poll(); !ok || err != nil {
-			t.Fatalf("round %d: the record is not there: %v", i, err)
-		}
-		wakes := c.stats.Wakes
-		round.Store(i + 1)
-		delay(rng)
-		c.Release()
-		woke := c.stats.Wakes != wakes
-		for done.Load() != i+1 {
-		}
-		if !sawHead[i] && !woke {
-			lost++
-		}
-		store32(p.pBell, 0) // the next round arms afresh
-	}
+		},
+		func(int) { // the consumer
+			wakes := c.stats.Wakes
+			c.Release()
+			woke = c.stats.Wakes != wakes
+		},
+		func(int) bool {
+			store32(p.pBell, 0) // the next round arms afresh
+			return !sawHead && !woke
+		})
 	if lost > 0 {
-		t.Fatalf("%d of %d rounds: neither side saw the other's store (a lost wake-up)", lost, rounds)
+		t.Fatalf("%d rounds: neither side saw the other's store (a lost wake-up)", lost)
 	}
 }
