@@ -168,6 +168,10 @@ func startMonitor(kind MonitorKind, backlog int) (monitor, MonitorReport, error)
 	return nil, rep, fmt.Errorf("no monitor can run")
 }
 
+// testHookNiceLoad, when set, is told the thread id of a background load
+// that runs at the lower priority, before the load.
+var testHookNiceLoad atomic.Pointer[func(tid int)]
+
 // loadNiceFor bounds how long the background load runs at the lowest
 // priority: the first connection's few milliseconds, not a busy
 // program's life.
@@ -190,37 +194,31 @@ func (c *Cache) startAuto() {
 		// foreign memory would stay uncached (docs/setup.md). Without the
 		// right to restore the priority it runs as before.
 		runtime.LockOSThread()
+		renice := func() {}
 		if restore, err := sys.NiceThread(19); err == nil {
-			var (
-				mu   sync.Mutex // guards back
-				back bool       // the priority is restored
-			)
-			renice := func() {
-				mu.Lock()
-				defer mu.Unlock()
-				if !back {
-					back = true
+			var back sync.Once // the priority is restored
+			renice = func() {
+				back.Do(func() {
 					// If a changed limit made it fail, the thread serves
 					// on at the lower priority: slower under load, never
 					// wrong. It is never ended (a locked goroutine's
 					// exit), which would kill the children started from
 					// it with a parent-death signal.
 					_ = restore()
-				}
+				})
 			}
 			// The timer's renice runs while this goroutine still holds
-			// the thread, or finds it restored: restore names the
-			// thread by its id.
+			// the thread (the one below waits for it to finish), or
+			// finds it restored: restore names the thread by its id.
 			t := time.AfterFunc(loadNiceFor, renice)
-			defer func() {
-				t.Stop()
-				renice()
-				runtime.UnlockOSThread()
-			}()
-		} else {
-			runtime.UnlockOSThread()
+			defer t.Stop()
+			if h := testHookNiceLoad.Load(); h != nil {
+				(*h)(sys.Gettid())
+			}
 		}
 		m, rep, err := startMonitor(MonitorAuto, c.cfg.MaxBacklog)
+		renice() // before the adoption tells anyone the load is over
+		runtime.UnlockOSThread()
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		// Ready is told under mu, with the adoption (deferred calls run

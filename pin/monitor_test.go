@@ -1,6 +1,11 @@
 package pin
 
 import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -157,4 +162,59 @@ func TestUncachedReleaseKeepsGranuleWatched(t *testing.T) {
 		t.Fatalf("mmap again: %v", err)
 	}
 	wantMiss(t, c, base+4*page, 1, old)
+}
+
+// TestMonitorLoadPriority: MonitorAuto's background load runs at nice 19
+// where the process may raise it back, and its thread has its old
+// priority back once the monitor is ready — it serves other goroutines
+// after, and is not ended (which would kill children started from it
+// with a parent-death signal).
+func TestMonitorLoadPriority(t *testing.T) {
+	// The priority threads have here, the loader's before it lowered its
+	// own: this goroutine's thread's, held so that the load cannot run
+	// on it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	base := taskNice(t, sys.Gettid())
+	type seen struct{ tid, nice int }
+	got := make(chan seen, 1)
+	hook := func(tid int) {
+		select {
+		case got <- seen{tid, taskNice(t, tid)}:
+		default: // only the first load is kept
+		}
+	}
+	testHookNiceLoad.Store(&hook)
+	defer testHookNiceLoad.Store(nil)
+	c := newCache(t, nil)
+	c.Monitor() // the load is over
+	var s seen
+	select {
+	case s = <-got:
+	default:
+		t.Skip("the process may not raise a thread's priority back: the load runs at its own")
+	}
+	if s.nice != 19 {
+		t.Fatalf("the loading thread's nice during the load = %d, want 19", s.nice)
+	}
+	if n := taskNice(t, s.tid); n != base {
+		t.Fatalf("the loading thread %d is at nice %d once the monitor is ready, want %d as before", s.tid, n, base)
+	}
+}
+
+// taskNice reads the nice value (stat's 19th field) of thread tid of this
+// process; a thread that ended fails the test.
+func taskNice(t *testing.T, tid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+	if err != nil {
+		t.Fatalf("thread %d: %v", tid, err)
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from the 3rd on
+	n, err := strconv.Atoi(fields[19-3])
+	if err != nil {
+		t.Fatalf("thread %d: nice %q: %v", tid, fields[19-3], err)
+	}
+	return n
 }
