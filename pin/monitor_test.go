@@ -1,11 +1,7 @@
 package pin
 
 import (
-	"fmt"
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,19 +198,13 @@ func TestMonitorLoadPriority(t *testing.T) {
 	}
 }
 
-// taskNice reads the nice value (stat's 19th field) of thread tid of this
-// process; a thread that ended fails the test.
+// taskNice is sys.ThreadNice, failing the test on an error (a thread
+// that ended among them).
 func taskNice(t *testing.T, tid int) int {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+	n, err := sys.ThreadNice(tid)
 	if err != nil {
 		t.Fatalf("thread %d: %v", tid, err)
-	}
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from the 3rd on
-	n, err := strconv.Atoi(fields[19-3])
-	if err != nil {
-		t.Fatalf("thread %d: nice %q: %v", tid, fields[19-3], err)
 	}
 	return n
 }

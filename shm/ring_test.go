@@ -652,13 +652,7 @@ func TestAdaptiveSpinsWhileItPays(t *testing.T) {
 	for range 40 {
 		s.learn(time.Millisecond) // waits much longer than the spin
 	}
-	spun := 0
-	for range 2 * probeEvery {
-		if s.spins() {
-			spun++
-		}
-	}
-	if spun != 2 {
+	if spun := spinsIn(&s, 2*probeEvery); spun != 2 {
 		t.Fatalf("after long waits, %d spins in %d waits, want the 2 probes", spun, 2*probeEvery)
 	}
 	for range 40 {
@@ -681,23 +675,26 @@ func TestAdaptiveSpinsThroughAWakeUp(t *testing.T) {
 	for range 40 {
 		s.learn(spin * 3 / 2) // a peer's wake-up, a bit longer than the spin
 	}
-	for i := range 2 * probeEvery {
-		if !s.spins() {
-			t.Fatalf("wait %d: waits of 1.5 spins do not spin", i)
-		}
+	if spun := spinsIn(&s, 2*probeEvery); spun != 2*probeEvery {
+		t.Fatalf("waits of 1.5 spins: %d spins in %d waits, want all", spun, 2*probeEvery)
 	}
 	for range 40 {
 		s.learn(spin * 5 / 2)
 	}
+	if spun := spinsIn(&s, 2*probeEvery); spun != 2 {
+		t.Fatalf("after waits of 2.5 spins, %d spins in %d waits, want the 2 probes", spun, 2*probeEvery)
+	}
+}
+
+// spinsIn counts the waits among the next n that s spins.
+func spinsIn(s *WaitStrategy, n int) int {
 	spun := 0
-	for range 2 * probeEvery {
+	for range n {
 		if s.spins() {
 			spun++
 		}
 	}
-	if spun != 2 {
-		t.Fatalf("after waits of 2.5 spins, %d spins in %d waits, want the 2 probes", spun, 2*probeEvery)
-	}
+	return spun
 }
 
 // TestResetRing uses a ring until it has wrapped and both sides closed

@@ -3,9 +3,11 @@
 package sys
 
 import (
-	"time"
-
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -106,6 +108,25 @@ func NiceThread(nice int) (restore func() error, err error) {
 		}
 		return nil
 	}, nil
+}
+
+// ThreadNice returns the nice value of thread tid of this process (the
+// 19th field of its /proc stat file).
+func ThreadNice(tid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')') // the command name may hold anything
+	if i < 0 || i+2 > len(s) {
+		return 0, fmt.Errorf("thread %d: stat without a command name", tid)
+	}
+	fields := strings.Fields(s[i+2:]) // from the 3rd field on
+	if len(fields) < 19-2 {
+		return 0, fmt.Errorf("thread %d: stat of %d fields", tid, len(fields)+2)
+	}
+	return strconv.Atoi(fields[19-3])
 }
 
 // canRenice tells whether the calling thread may set its nice value to

@@ -3,10 +3,7 @@
 package sys
 
 import (
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"testing"
 )
 
@@ -18,11 +15,11 @@ import (
 func TestNiceThread(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	before := threadNice(t, "/proc/thread-self/stat")
+	before := threadNice(t)
 	done := make(chan int)
 	go func() {
 		runtime.LockOSThread()
-		old := threadNice(t, "/proc/thread-self/stat")
+		old := threadNice(t)
 		restore, err := NiceThread(19)
 		if !canRenice(old) {
 			// Unprivileged, RLIMIT_NICE at its default: it must refuse,
@@ -31,7 +28,7 @@ func TestNiceThread(t *testing.T) {
 				t.Error("NiceThread(19) without the right to restore: no error")
 				restore()
 			}
-			if got := threadNice(t, "/proc/thread-self/stat"); got != old {
+			if got := threadNice(t); got != old {
 				t.Errorf("nice after a refusal = %d, want %d", got, old)
 			}
 			runtime.UnlockOSThread()
@@ -43,14 +40,14 @@ func TestNiceThread(t *testing.T) {
 			done <- -1
 			return
 		}
-		done <- threadNice(t, "/proc/thread-self/stat")
+		done <- threadNice(t)
 		if _, err := NiceThread(19); err == nil {
 			t.Error("NiceThread(19) at nice 19: no error")
 		}
 		if err := restore(); err != nil {
 			t.Error(err)
 		}
-		if got := threadNice(t, "/proc/thread-self/stat"); got != old {
+		if got := threadNice(t); got != old {
 			t.Errorf("nice after the restore = %d, want %d", got, old)
 		}
 		runtime.UnlockOSThread()
@@ -64,23 +61,18 @@ func TestNiceThread(t *testing.T) {
 	default:
 		t.Fatalf("the thread's nice after NiceThread(19) = %d, want 19", got)
 	}
-	if after := threadNice(t, "/proc/thread-self/stat"); after != before {
+	if after := threadNice(t); after != before {
 		t.Fatalf("the test's thread's nice went from %d to %d", before, after)
 	}
 }
 
-// threadNice reads the nice field (the 19th) of a stat file.
-func threadNice(t *testing.T, path string) int {
+// threadNice is ThreadNice of the calling thread, failing the test on an
+// error.
+func threadNice(t *testing.T) int {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	n, err := ThreadNice(Gettid())
 	if err != nil {
 		t.Fatal(err)
-	}
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from the 3rd on
-	n, err := strconv.Atoi(fields[19-3])
-	if err != nil {
-		t.Fatalf("%s: nice %q: %v", path, fields[19-3], err)
 	}
 	return n
 }

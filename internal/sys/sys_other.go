@@ -167,6 +167,7 @@ func AllowedCPUs() ([]int, error)                          { return nil, unsuppo
 func PinThread(int) (func() error, error)                  { return nil, unsupported("sched_setaffinity") }
 func ThreadPreemptions() (int64, error)                    { return 0, unsupported("thread statistics") }
 func NiceThread(int) (func() error, error)                 { return nil, unsupported("setpriority") }
+func ThreadNice(int) (int, error)                          { return 0, unsupported("/proc/self/task") }
 func ThreadCPU() (time.Duration, error)                    { return 0, unsupported("thread CPU clock") }
 func MapFd(int, int64, int, bool) ([]byte, error)          { return nil, unsupported("mmap") }
 func SetNonblock(int) error                                { return unsupported("fcntl") }
