@@ -1168,16 +1168,3 @@ func (qp *QueuePair) Close() error {
 	})
 	return nil
 }
-
-func (qp *QueuePair) xpRemote(rkey, addr uint64, n int) []byte {
-	e, err := qp.peer.table.lookup(rkey, addr, uint64(n), AccessRemoteWrite)
-	if err != nil {
-		panic(err)
-	}
-	seg, err := qp.peer.segment(e.seg)
-	if err != nil {
-		panic(err)
-	}
-	off := e.segOff + (addr - e.addr)
-	return seg.Bytes()[off : off+uint64(n)]
-}
