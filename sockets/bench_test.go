@@ -225,6 +225,50 @@ func BenchmarkPingPongInProcess(b *testing.B) {
 	}
 }
 
+// BenchmarkPingPongThreads is a 64-byte ping-pong between two locked
+// threads of this process over a busy-polling Conn: the connection's
+// round trip without a second process, for comparison with the same loop
+// one and two layers down (nic BenchmarkInPlacePingPong, shm
+// BenchmarkRingPingPongThreads). Reported per one-way trip.
+func BenchmarkPingPongThreads(b *testing.B) {
+	c, s := pipe(b, benchConfigs["busy"], benchConfigs["busy"])
+	const stop = 2
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		buf := make([]byte, 64)
+		for {
+			_, err := io.ReadFull(s, buf)
+			if err == nil && buf[0] != stop {
+				_, err = s.Write(buf)
+			}
+			if err != nil || buf[0] == stop {
+				errc <- err
+				return
+			}
+		}
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	buf := make([]byte, 64)
+	for b.Loop() {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	buf[0] = stop
+	if _, err := c.Write(buf); err != nil {
+		b.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/one-way")
+}
+
 // BenchmarkSoftwarePath is a round trip of 64 bytes driven by one
 // goroutine, both ends in this process: nothing waits, so it measures
 // the software cost of two writes and two reads.
