@@ -1,9 +1,9 @@
 package nic
 
 import (
-	"runtime"
 	"testing"
 
+	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -12,7 +12,7 @@ import (
 // drives) between two locked threads of this process, busy polling; the
 // receivers declared spinning (commits without a fence) or not. The layer
 // between the ring (shm BenchmarkRingPingPongThreads) and the connection
-// (sockets BenchmarkPingPongThreads). Reported per one-way trip.
+// (sockets BenchmarkPingPongThreads).
 func BenchmarkInPlacePingPong(b *testing.B) {
 	for _, spinning := range []bool{false, true} {
 		name := "fenced"
@@ -30,7 +30,8 @@ func BenchmarkInPlacePingPong(b *testing.B) {
 					}
 				}
 			}
-			recv := func(q *QueuePair, out []byte) (byte, error) {
+			// recv copies the next send into out and releases it.
+			recv := func(q *QueuePair, out []byte) error {
 				for {
 					d, end, ok, err := q.RecvInPlace()
 					if err != nil || ok {
@@ -38,7 +39,7 @@ func BenchmarkInPlacePingPong(b *testing.B) {
 							copy(out, d)
 							q.ReleaseRecv(end)
 						}
-						return out[0], err
+						return err
 					}
 				}
 			}
@@ -50,41 +51,25 @@ func BenchmarkInPlacePingPong(b *testing.B) {
 				copy(buf, m)
 				return q.CommitSend(len(m))
 			}
-			const stop = 2
-			errc := make(chan error, 1)
-			go func() {
-				runtime.LockOSThread()
-				out := make([]byte, 64)
-				for {
-					v, err := recv(p.qp, out)
-					if err == nil && v != stop {
-						err = send(p.qp, out)
+			const stop = 2 // first byte of the last message
+			msg, in, out := make([]byte, 64), make([]byte, 64), make([]byte, 64)
+			testutil.PingPongThreads(b,
+				func() error {
+					if err := send(a.qp, msg); err != nil {
+						return err
 					}
-					if err != nil || v == stop {
-						errc <- err
-						return
+					return recv(a.qp, in)
+				},
+				func() (bool, error) {
+					if err := recv(p.qp, out); err != nil || out[0] == stop {
+						return true, err
 					}
-				}
-			}()
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			msg, in := make([]byte, 64), make([]byte, 64)
-			for b.Loop() {
-				if err := send(a.qp, msg); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := recv(a.qp, in); err != nil {
-					b.Fatal(err)
-				}
-			}
-			msg[0] = stop
-			if err := send(a.qp, msg); err != nil {
-				b.Fatal(err)
-			}
-			if err := <-errc; err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/one-way")
+					return false, send(p.qp, out)
+				},
+				func() error {
+					msg[0] = stop
+					return send(a.qp, msg)
+				})
 		})
 	}
 }

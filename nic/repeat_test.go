@@ -91,11 +91,7 @@ func TestRDMARepeatChecks(t *testing.T) {
 			if e.a.qp.State() != QPError {
 				t.Fatalf("QP state %v", e.a.qp.State())
 			}
-			for i, v := range area {
-				if v != 0xee {
-					t.Fatalf("byte %d of the target area written", i)
-				}
-			}
+			untouched(t, area)
 		})
 	}
 	local := []struct {
@@ -119,11 +115,17 @@ func TestRDMARepeatChecks(t *testing.T) {
 			if e.a.qp.State() != QPReady {
 				t.Fatalf("QP state %v after a local key error", e.a.qp.State())
 			}
-			for i, v := range area {
-				if v != 0xee {
-					t.Fatalf("byte %d of the target area written", i)
-				}
-			}
+			untouched(t, area)
 		})
+	}
+}
+
+// untouched fails t if any byte of area is not the guard value 0xee.
+func untouched(t *testing.T, area []byte) {
+	t.Helper()
+	for i, v := range area {
+		if v != 0xee {
+			t.Fatalf("byte %d of the target area written", i)
+		}
 	}
 }

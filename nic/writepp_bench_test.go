@@ -1,9 +1,9 @@
 package nic
 
 import (
-	"runtime"
 	"testing"
 
+	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/shm"
 )
 
@@ -13,7 +13,6 @@ import (
 // two cores, without a second process. "post" answers with PostSend and a
 // poll of the send CQ, as the rdma suite's loop does; "store" with a plain
 // store into the mapped target, the floor the post is measured against.
-// Reported per one-way trip.
 func BenchmarkWritePingPong(b *testing.B) {
 	for _, mode := range []string{"store", "post"} {
 		b.Run(mode, func(b *testing.B) {
@@ -37,50 +36,42 @@ func BenchmarkWritePingPong(b *testing.B) {
 			for _, s := range []*side{&sideA, &sideP} {
 				s.target = s.qp.mappedTarget(b, s.wr.RKey, s.wr.Remote, 8)
 			}
-			send := func(s *side, seq uint64) {
+			send := func(s *side, seq uint64) error {
 				if mode == "store" {
 					shm.StoreUint64(s.target, 0, seq)
-					return
+					return nil
 				}
 				shm.StoreUint64(s.wr.Local, 0, seq)
 				if err := s.qp.PostSend(s.wr); err != nil {
-					panic(err)
+					return err
 				}
 				var c [1]Completion
 				for s.cq.Poll(c[:]) == 0 {
 				}
-				if c[0].Status != StatusSuccess {
-					panic(c[0].Err())
-				}
+				return c[0].Err()
 			}
 			const stop = ^uint64(0)
-			done := make(chan struct{})
-			go func() {
-				runtime.LockOSThread()
-				defer close(done)
-				for last := uint64(0); ; {
-					seq := shm.LoadUint64(memP, 0)
-					for ; seq == last; seq = shm.LoadUint64(memP, 0) {
+			seq, last := uint64(0), uint64(0)
+			testutil.PingPongThreads(b,
+				func() error {
+					seq++
+					if err := send(&sideA, seq); err != nil {
+						return err
 					}
-					if seq == stop {
-						return
+					for shm.LoadUint64(memA, 0) != seq {
 					}
-					last = seq
-					send(&sideP, seq)
-				}
-			}()
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			seq := uint64(0)
-			for b.Loop() {
-				seq++
-				send(&sideA, seq)
-				for shm.LoadUint64(memA, 0) != seq {
-				}
-			}
-			send(&sideA, stop)
-			<-done
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/one-way")
+					return nil
+				},
+				func() (bool, error) {
+					v := shm.LoadUint64(memP, 0)
+					for ; v == last; v = shm.LoadUint64(memP, 0) {
+					}
+					if last = v; v == stop {
+						return true, nil
+					}
+					return false, send(&sideP, v)
+				},
+				func() error { return send(&sideA, stop) })
 		})
 	}
 }

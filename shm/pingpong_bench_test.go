@@ -1,62 +1,47 @@
 package shm
 
 import (
-	"runtime"
 	"testing"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/testutil"
 )
 
 // BenchmarkRingPingPongThreads is a 64-byte ping-pong over two rings
 // between two locked threads of this process, both busy polling: the
 // ring's part of a connection's round trip, for comparison with the same
 // loop one layer up (nic BenchmarkInPlacePingPong, sockets
-// BenchmarkPingPongThreads). Reported per one-way trip.
+// BenchmarkPingPongThreads).
 func BenchmarkRingPingPongThreads(b *testing.B) {
 	busy := WaitConfig{Mode: WaitBusyPoll}
 	p1, c1 := newRing(b, 1<<20, busy, busy)
 	p2, c2 := newRing(b, 1<<20, busy, busy)
-	const stop = 2
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		out := make([]byte, 64)
-		for {
-			rec, err := c1.Next(time.Time{})
-			if err != nil {
-				errc <- err
-				return
-			}
-			copy(out, rec.Data)
-			c1.Release()
-			if rec.Tag == stop {
-				errc <- nil
-				return
-			}
-			if err := p2.Write(1, out, time.Time{}); err != nil {
-				errc <- err
-				return
-			}
-		}
-	}()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	msg, in := make([]byte, 64), make([]byte, 64)
-	for b.Loop() {
-		if err := p1.Write(1, msg, time.Time{}); err != nil {
-			b.Fatal(err)
-		}
-		rec, err := c2.Next(time.Time{})
+	const msgTag, stopTag = 1, 2
+	msg, in, out := make([]byte, 64), make([]byte, 64), make([]byte, 64)
+	// recv copies the next record of c into buf and releases it.
+	recv := func(c *Consumer, buf []byte) (uint16, error) {
+		rec, err := c.Next(time.Time{})
 		if err != nil {
-			b.Fatal(err)
+			return 0, err
 		}
-		copy(in, rec.Data)
-		c2.Release()
+		copy(buf, rec.Data)
+		c.Release()
+		return rec.Tag, nil
 	}
-	if err := p1.Write(stop, msg, time.Time{}); err != nil {
-		b.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/one-way")
+	testutil.PingPongThreads(b,
+		func() error {
+			if err := p1.Write(msgTag, msg, time.Time{}); err != nil {
+				return err
+			}
+			_, err := recv(c2, in)
+			return err
+		},
+		func() (bool, error) {
+			tag, err := recv(c1, out)
+			if err != nil || tag == stopTag {
+				return true, err
+			}
+			return false, p2.Write(msgTag, out, time.Time{})
+		},
+		func() error { return p1.Write(stopTag, msg, time.Time{}) })
 }

@@ -232,41 +232,28 @@ func BenchmarkPingPongInProcess(b *testing.B) {
 // BenchmarkRingPingPongThreads). Reported per one-way trip.
 func BenchmarkPingPongThreads(b *testing.B) {
 	c, s := pipe(b, benchConfigs["busy"], benchConfigs["busy"])
-	const stop = 2
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		buf := make([]byte, 64)
-		for {
-			_, err := io.ReadFull(s, buf)
-			if err == nil && buf[0] != stop {
-				_, err = s.Write(buf)
+	const stop = 2 // first byte of the last message
+	buf, echo := make([]byte, 64), make([]byte, 64)
+	testutil.PingPongThreads(b,
+		func() error {
+			if _, err := c.Write(buf); err != nil {
+				return err
 			}
-			if err != nil || buf[0] == stop {
-				errc <- err
-				return
+			_, err := io.ReadFull(c, buf)
+			return err
+		},
+		func() (bool, error) {
+			if _, err := io.ReadFull(s, echo); err != nil || echo[0] == stop {
+				return true, err
 			}
-		}
-	}()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	buf := make([]byte, 64)
-	for b.Loop() {
-		if _, err := c.Write(buf); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := io.ReadFull(c, buf); err != nil {
-			b.Fatal(err)
-		}
-	}
-	buf[0] = stop
-	if _, err := c.Write(buf); err != nil {
-		b.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2, "ns/one-way")
+			_, err := s.Write(echo)
+			return false, err
+		},
+		func() error {
+			buf[0] = stop
+			_, err := c.Write(buf)
+			return err
+		})
 }
 
 // BenchmarkSoftwarePath is a round trip of 64 bytes driven by one
