@@ -182,8 +182,11 @@ type QueuePair struct {
 	rstats Stats // receive-side counters; guarded by rqMu
 
 	// rdmaLast is what the last small RDMA operation run at post time
-	// validated; guarded by sqMu (postRDMARepeat).
+	// validated; guarded by sqMu (postRDMARepeat). rdmaKey is its remote
+	// key, for a look without the lock: a request with another key goes
+	// the general way without taking sqMu twice.
 	rdmaLast rdmaTranslation
+	rdmaKey  atomic.Uint64
 }
 
 // rdmaTranslation is a small RDMA operation's validated translation: its
@@ -272,7 +275,7 @@ func (qp *QueuePair) PostSend(wr SendWR) error {
 func (qp *QueuePair) postRDMARepeat(wr *SendWR) bool {
 	n := len(wr.Local)
 	cfg := &qp.dev.cfg
-	if n == 0 || n > cfg.InlineExec || n > cfg.Chunk {
+	if n == 0 || n > cfg.InlineExec || n > cfg.Chunk || qp.rdmaKey.Load() != wr.RKey {
 		return false
 	}
 	qp.sqMu.Lock()
@@ -599,6 +602,7 @@ func (qp *QueuePair) rdmaNow(wr *SendWR, mr *MemoryRegion) (Status, error) {
 	st, err := qp.copyChunk(wr.Op, wr.Local, mr, wr.Remote, &ent, wr.NonTemporal)
 	if err == nil && ent.seg != noSegment {
 		qp.rdmaLast = rdmaTranslation{op: wr.Op, lkey: wr.LKey, mr: mr, rkey: wr.RKey, ent: ent}
+		qp.rdmaKey.Store(wr.RKey)
 	}
 	return st, err
 }
