@@ -599,6 +599,31 @@ func TestCorruptRecords(t *testing.T) {
 			}
 		})
 	}
+	t.Run("pending at the end", func(t *testing.T) {
+		// A hostile length in the ring's last line: Pending, which looks
+		// ahead of the reader at the record's further lines, must stay
+		// inside the ring.
+		p, cons := newRing(t, 4096, WaitConfig{}, WaitConfig{})
+		for _, n := range []int{992, 992, 992, 1080} { // the head at 4088
+			if err := p.Write(0, make([]byte, n), time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok, err := cons.Poll(); !ok || err != nil {
+				t.Fatalf("record of %d: ok %v err %v", n, ok, err)
+			}
+			cons.Release()
+		}
+		if off := cons.headPos & cons.mask; off != 4088 {
+			t.Fatalf("head at %d, want 4088", off)
+		}
+		*at(cons.data, 4088) = hdrCommitted | 0xffffffff
+		if !cons.Pending() {
+			t.Fatal("Pending: false with a header at the head")
+		}
+		if _, _, err := cons.Poll(); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Poll: %v, want ErrCorrupt", err)
+		}
+	})
 	t.Run("head beyond tail", func(t *testing.T) {
 		p, _ := newRing(t, 256, WaitConfig{Mode: WaitBusyPoll}, WaitConfig{})
 		store64(p.head, 1<<40)

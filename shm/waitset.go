@@ -1,6 +1,10 @@
 package shm
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/sandirect/sandirect/internal/mem"
+)
 
 // WaitSet is a set of rings one goroutine waits on together, parking on
 // one Waiter: a completion queue fed by many queue pairs waits on one. Arm
@@ -41,5 +45,24 @@ func (w *WaitSet) Arm(bell uint32) {
 // Pending tells whether c has something for its reader: a record, a close
 // or a failure. It loads shared words and does not consume anything.
 func (c *Consumer) Pending() bool {
-	return load64(at(c.data, c.headPos&c.mask)) != 0 || load32(c.pClosed) != 0 || c.err.Load() != nil
+	if h := load64(at(c.data, c.headPos&c.mask)); h != 0 {
+		c.prefetchRecord(h)
+		return true
+	}
+	return load32(c.pClosed) != 0 || c.err.Load() != nil
+}
+
+// prefetchRecord asks for the lines after the first of the record whose
+// header h was just seen at the head, at most three, so that they come
+// across the cores while the reader is still on its way to them (the
+// lock, the dispatch) rather than one by one when it gets there: a 64-byte
+// message is 80 bytes of ring, two lines (docs/performance.md, "The
+// second line of a message"). h is the peer's word: any length is
+// clamped to the ring.
+func (c *Consumer) prefetchRecord(h uint64) {
+	off := c.headPos & c.mask
+	end := min(off+recHeaderSize+(h&hdrLenMask), uint64(len(c.dataMem)), (off&^63)+4*64)
+	for line := (off &^ 63) + 64; line < end; line += 64 {
+		mem.Prefetch(c.dataMem[line:])
+	}
 }

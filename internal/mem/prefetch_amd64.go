@@ -1,0 +1,4 @@
+package mem
+
+//go:noescape
+func prefetch(p *byte)
