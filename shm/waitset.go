@@ -53,16 +53,21 @@ func (c *Consumer) Pending() bool {
 }
 
 // prefetchRecord asks for the lines after the first of the record whose
-// header h was just seen at the head, at most three, so that they come
-// across the cores while the reader is still on its way to them (the
-// lock, the dispatch) rather than one by one when it gets there: a 64-byte
-// message is 80 bytes of ring, two lines (docs/performance.md, "The
-// second line of a message"). h is the peer's word: any length is
-// clamped to the ring.
+// header h was just seen at the head, so that they come across the cores
+// while the reader is still on its way to them (the lock, the dispatch)
+// rather than one by one when it gets there: a 64-byte message is 80
+// bytes of ring, two lines, and a 4 KiB one 66 (docs/performance.md, "The
+// second line of a message"). A record of more than 4 KiB after its first
+// line is left to the copy, whose reads stream. h is the peer's word: any
+// length is clamped to the ring.
 func (c *Consumer) prefetchRecord(h uint64) {
 	off := c.headPos & c.mask
-	end := min(off+recHeaderSize+(h&hdrLenMask), uint64(len(c.dataMem)), (off&^63)+4*64)
-	for line := (off &^ 63) + 64; line < end; line += 64 {
-		mem.Prefetch(c.dataMem[line:])
+	start := (off &^ 63) + 64
+	end := min(off+recHeaderSize+(h&hdrLenMask), uint64(len(c.dataMem)))
+	if start < end && end-start <= prefetchMax {
+		mem.Prefetch(c.dataMem[start:end])
 	}
 }
+
+// prefetchMax bounds the bytes prefetchRecord asks for.
+const prefetchMax = 4096

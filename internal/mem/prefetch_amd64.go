@@ -1,4 +1,4 @@
 package mem
 
 //go:noescape
-func prefetch(p *byte)
+func prefetch(p *byte, lines int)

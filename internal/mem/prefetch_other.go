@@ -2,4 +2,4 @@
 
 package mem
 
-func prefetch(*byte) {}
+func prefetch(*byte, int) {}

@@ -2,14 +2,22 @@ package mem
 
 import "testing"
 
-// TestPrefetch: a prefetch of any byte of a slice, or of an empty one,
-// neither faults nor changes what it asks for.
+// TestPrefetch: a prefetch of any part of a slice, of its last byte, of a
+// span of many lines or of an empty slice neither faults nor changes what
+// it asks for.
 func TestPrefetch(t *testing.T) {
-	b := []byte{1, 2, 3}
+	b := make([]byte, 4096+3)
+	for i := range b {
+		b[i] = byte(i)
+	}
 	Prefetch(b)
-	Prefetch(b[3:])
+	Prefetch(b[1:70])
+	Prefetch(b[len(b)-1:])
+	Prefetch(b[len(b):])
 	Prefetch(nil)
-	if b[0] != 1 || b[1] != 2 || b[2] != 3 {
-		t.Fatalf("prefetched bytes changed: %v", b)
+	for i, v := range b {
+		if v != byte(i) {
+			t.Fatalf("byte %d changed: %d", i, v)
+		}
 	}
 }
