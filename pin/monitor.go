@@ -207,14 +207,17 @@ func (c *Cache) startAuto() {
 					_ = restore()
 				})
 			}
+			// The hook sees the lowered priority before the timer that
+			// bounds it starts (a load descheduled past loadNiceFor
+			// would otherwise show the old one).
+			if h := testHookNiceLoad.Load(); h != nil {
+				(*h)(sys.Gettid())
+			}
 			// The timer's renice runs while this goroutine still holds
 			// the thread (the one below waits for it to finish), or
 			// finds it restored: restore names the thread by its id.
 			t := time.AfterFunc(loadNiceFor, renice)
 			defer t.Stop()
-			if h := testHookNiceLoad.Load(); h != nil {
-				(*h)(sys.Gettid())
-			}
 		}
 		m, rep, err := startMonitor(MonitorAuto, c.cfg.MaxBacklog)
 		renice() // before the adoption tells anyone the load is over
