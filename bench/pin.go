@@ -107,6 +107,11 @@ func runPin(ctx context.Context, env *Env) (recs []Record, err error) {
 // would any other. The two are measured in alternating rounds, the
 // monitor attached and detached for each, so that drift falls on both.
 func hostTax(ctx context.Context, env *Env) ([]Record, error) {
+	// The pin rows before left their cache's monitor idle for the next
+	// (pin.SetIdleMonitorLinger): hosttax/off must run with no probe.
+	if err := pin.CloseIdleMonitors(); err != nil {
+		return nil, fmt.Errorf("hosttax: close the idle monitor: %w", err)
+	}
 	cfg := bpfmon.DefaultConfig()
 	cfg.ExcludeSelf = true
 	probe, err := bpfmon.Open(&cfg)

@@ -59,7 +59,13 @@ func New(cfg *Config) (*Cache, error) {
 	c.others.init()
 	c.pins.unwatch = c.unwatchFree
 	c.monReady = make(chan struct{})
-	if c0.Monitor == MonitorAuto {
+	if m, rep, ok := c0.adoptIdle(); ok {
+		// The monitor a closed cache left (idle.go): nothing to load.
+		c.mu.Lock()
+		c.adoptLocked(m, rep)
+		c.mu.Unlock()
+		close(c.monReady)
+	} else if c0.Monitor == MonitorAuto {
 		c.startAuto()
 	} else {
 		m, rep, err := startMonitor(c0.Monitor, c0.MaxBacklog)
@@ -692,7 +698,10 @@ func (c *Cache) Close() error {
 	unregisterCache(c)
 	close(c.done)
 	c.wg.Wait()
-	<-c.monReady // a background start closes what it started once it sees closed
+	<-c.monReady // a background start parks or closes what it started once it sees closed
+	if park(c.mon, c.report) {
+		return nil
+	}
 	return c.mon.close()
 }
 

@@ -28,6 +28,16 @@
 // registration is not cached: correctness before speed. Cache.Monitor tells
 // which monitor runs and why the better ones cannot.
 //
+// The eBPF monitor (MonitorAuto's first choice where the process may load
+// eBPF programs) loads in the background when a cache is created: until it
+// is attached, foreign memory is registered uncached. It watches the
+// process, not one cache, so it outlives the cache that loaded it: a
+// closed cache leaves it idle, watching nothing, and the process's next
+// cache of kind Auto or EBPF adopts it as New returns, with no load and no
+// uncached window. It is detached when nobody adopts it within
+// DefaultIdleMonitorLinger; SetIdleMonitorLinger changes that for the
+// process, and CloseIdleMonitors detaches it at once.
+//
 // Limits of the userfaultfd monitor: the kernel frees an unmapped range
 // before it queues the event, so a thread that maps the freed address while
 // the unmapping thread still waits for its event may get the stale entry

@@ -17,11 +17,15 @@ import (
 // lookup sees an epoch it has not applied and drains the ring first: no
 // stale hit, in any thread, with one atomic load on the hit path.
 type ebpfMon struct {
-	m     *bpfmon.Monitor
-	ep    *atomic.Uint64
-	note  chan struct{}
+	m    *bpfmon.Monitor
+	ep   *atomic.Uint64
+	note chan struct{}
+	// stop and done belong to the running watchRing: nil while the
+	// monitor is idle (idle.go). Set and cleared by run and halt, which
+	// its owner calls, one at a time.
 	stop  chan struct{}
 	done  chan struct{}
+	ring  int // ebpfRingSize when it was opened: an idle one serves caches that want the same
 	pages uintptr
 	// set holds the watched granules (see granular); guarded by the
 	// Cache's mu, under which watch, unwatch and drain are called.
@@ -57,13 +61,43 @@ func startEBPF(int) (monitor, error) {
 		m:     m,
 		ep:    m.EpochAtomic(),
 		note:  make(chan struct{}),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		ring:  ebpfRingSize,
 		pages: uintptr(sys.PageSize),
 		set:   map[uint64]struct{}{},
 	}
-	go e.watchRing()
+	e.run()
 	return e, nil
+}
+
+// run starts the goroutine that tells the cache of pending events.
+func (e *ebpfMon) run() {
+	e.stop, e.done = make(chan struct{}), make(chan struct{})
+	go e.watchRing(e.stop, e.done)
+}
+
+// halt stops the goroutine run started, if it runs.
+func (e *ebpfMon) halt() {
+	if e.stop == nil {
+		return
+	}
+	close(e.stop)
+	<-e.done
+	e.stop, e.done = nil, nil
+}
+
+// reset makes a monitor whose cache closed fit for another: nothing
+// watched, no event pending, no loss recorded, its goroutine stopped. An
+// error means the ring could not be read: the monitor must be closed.
+func (e *ebpfMon) reset() error {
+	e.halt()
+	for g := range e.set {
+		e.m.Unwatch(uintptr(g<<bpfmon.GranuleShift), 1<<bpfmon.GranuleShift)
+	}
+	clear(e.set)
+	// What the probes published for the granules watched until now is of
+	// no use to the next cache, which caches nothing yet.
+	_, err := e.m.Sync(func(bpfmon.Event) {}, nil)
+	return err
 }
 
 // drainPeriod is how often the background drain looks for events that no
@@ -76,8 +110,8 @@ const drainPeriod = 20 * time.Millisecond
 // event would take a CPU from busy-polling threads each time the Go
 // runtime returns memory near a registration, and lookups drain
 // synchronously anyway (one atomic load tells them to).
-func (e *ebpfMon) watchRing() {
-	defer close(e.done)
+func (e *ebpfMon) watchRing(stop, done chan struct{}) {
+	defer close(done)
 	t := time.NewTicker(drainPeriod)
 	defer t.Stop()
 	for {
@@ -88,10 +122,10 @@ func (e *ebpfMon) watchRing() {
 			}
 			select {
 			case e.note <- struct{}{}:
-			case <-e.stop:
+			case <-stop:
 				return
 			}
-		case <-e.stop:
+		case <-stop:
 			return
 		}
 	}
@@ -183,8 +217,6 @@ func (e *ebpfMon) drain(_ uint64, apply func(s span, gone bool)) (lost uint64) {
 func (e *ebpfMon) notify() <-chan struct{} { return e.note }
 
 func (e *ebpfMon) close() error {
-	close(e.stop)
-	err := e.m.Close()
-	<-e.done
-	return err
+	e.halt()
+	return e.m.Close()
 }

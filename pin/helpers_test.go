@@ -22,6 +22,15 @@ func newCache(tb testing.TB, cfg *Config) *Cache {
 	return c
 }
 
+// closeIdle closes the idle monitor (idle.go), so that the next cache
+// loads its own.
+func closeIdle(tb testing.TB) {
+	tb.Helper()
+	if err := CloseIdleMonitors(); err != nil {
+		tb.Fatalf("CloseIdleMonitors: %v", err)
+	}
+}
+
 // mapAnon maps pages of anonymous memory; the test unmaps it.
 func mapAnon(tb testing.TB, pages int) (uintptr, []byte) {
 	tb.Helper()

@@ -6,4 +6,4 @@ import (
 	"github.com/sandirect/sandirect/internal/testutil"
 )
 
-func TestMain(m *testing.M) { testutil.Main(m) }
+func TestMain(m *testing.M) { testutil.Main(m, CloseIdleMonitors) }

@@ -232,7 +232,10 @@ func (c *Cache) startAuto() {
 			return
 		}
 		if c.closed {
-			m.close()
+			// Left idle for the next cache (idle.go): the load is done.
+			if !park(m, rep) {
+				m.close()
+			}
 			return
 		}
 		c.adoptLocked(m, rep)

@@ -25,6 +25,7 @@ func (c *Cache) monitorReady() bool {
 // misses); after, it must be (a hit), and at no time may memory that was
 // unmapped and mapped again be served by its old entry.
 func TestStaleHitAutoWindow(t *testing.T) {
+	closeIdle(t) // a fresh load, not an idle monitor's adoption
 	c := newCache(t, nil)
 	if c.monitorReady() {
 		t.Fatal("MonitorAuto's monitor ready as New returns: the start is not in the background")
@@ -117,6 +118,7 @@ func TestStaleHitAutoWindow(t *testing.T) {
 // sees its fds otherwise).
 func TestCloseDuringBackgroundStart(t *testing.T) {
 	for range 3 {
+		closeIdle(t) // a fresh load, not an idle monitor's adoption
 		c, err := New(nil)
 		if err != nil {
 			t.Fatal(err)
@@ -135,6 +137,7 @@ func TestCloseDuringBackgroundStart(t *testing.T) {
 // cached entry has come into the same 2 MiB granule, the granule must stay
 // watched, or the cached entry would survive its munmap.
 func TestUncachedReleaseKeepsGranuleWatched(t *testing.T) {
+	closeIdle(t) // a fresh load, not an idle monitor's adoption
 	c := newCache(t, nil)
 	base := uintptr(0x40_0000_0000)
 	if _, err := sys.MmapAnon(base, 8*page, sys.MapFixedNoreplace); err != nil {
@@ -182,6 +185,7 @@ func TestMonitorLoadPriority(t *testing.T) {
 	}
 	testHookNiceLoad.Store(&hook)
 	defer testHookNiceLoad.Store(nil)
+	closeIdle(t) // a fresh load, not an idle monitor's adoption
 	c := newCache(t, nil)
 	c.Monitor() // the load is over
 	var s seen

@@ -54,6 +54,7 @@ const (
 	Deadline    Rank = 91 // sockets.deadline.mu
 	NICImports  Rank = 92 // nic imports.mu
 	StatsReader Rank = 93 // stats.Reader.mu
+	PinIdle     Rank = 94 // pin idle.mu
 )
 
 var names = map[Rank]string{
@@ -90,6 +91,7 @@ var names = map[Rank]string{
 	Deadline:        "sockets.deadline.mu",
 	NICImports:      "nic.imports.mu",
 	StatsReader:     "stats.Reader.mu",
+	PinIdle:         "pin.idle.mu",
 }
 
 // String names the lock of the rank, as docs/locking.md does.

@@ -45,7 +45,10 @@ func IsChild() bool { return os.Getenv(envChild) != "" }
 // Main is a TestMain: in a child process it runs the registered child and
 // exits; otherwise it runs the tests and then fails the run if file
 // descriptors or memfd mappings are left over that were not there before.
-func Main(m *testing.M) {
+//
+// The cleanups run after the tests and before the leak check: they release
+// what the process keeps on purpose past its last user (an idle monitor).
+func Main(m *testing.M, cleanups ...func() error) {
 	if name := os.Getenv(envChild); name != "" {
 		os.Exit(runChild(name))
 	}
@@ -56,6 +59,12 @@ func Main(m *testing.M) {
 	}
 	before := Snapshot()
 	code := m.Run()
+	for _, f := range cleanups {
+		if err := f(); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL: cleanup after tests:", err)
+			code = 1
+		}
+	}
 	if code == 0 {
 		if err := before.CheckLeaks(); err != nil {
 			fmt.Fprintln(os.Stderr, "FAIL: resource leak after tests:", err)

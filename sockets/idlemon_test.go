@@ -1,0 +1,63 @@
+package sockets
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/sandirect/sandirect/pin"
+)
+
+// TestIdleMonitorAcrossDevices: a program whose device closed between
+// two bursts of connections does not load the eBPF monitor again: the
+// next device's registration cache adopts the one the last left idle,
+// and runs it as the dial returns.
+func TestIdleMonitorAcrossDevices(t *testing.T) {
+	pin.SetIdleMonitorLinger(time.Minute)
+	defer pin.SetIdleMonitorLinger(0) // and closes it: TestMain's setting
+	addr := fmt.Sprintf("@sandirect-idlemon-%d", os.Getpid())
+	startPathListener(t, addr)
+	c, err := Dial("sandirect", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := c.(*Conn).dev.nic.Cache()
+	if rep := cache.Monitor(); rep.Kind != pin.MonitorEBPF {
+		c.Close()
+		t.Skipf("monitor %v: idle monitors are eBPF's", rep)
+	}
+	c.Close()
+	waitTorn(t, c)
+	if closeIdleDevices() == 0 {
+		t.Fatal("the dialer's device is not idle after its connection was torn down")
+	}
+	opened := devicesOpened.Load()
+	c, err = Dial("sandirect", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		c.Close()
+		waitTorn(t, c)
+		closeIdleDevices()
+	}()
+	if devicesOpened.Load() != opened+1 {
+		t.Fatal("the second dial opened no device of its own")
+	}
+	cache2 := c.(*Conn).dev.nic.Cache()
+	if cache2 == cache {
+		t.Fatal("the second dial's device has the first one's cache")
+	}
+	if rep := cache2.CurrentMonitor(); rep.Kind != pin.MonitorEBPF || rep.Starting {
+		t.Fatalf("the second device's monitor as its dial returns: %v, want the idle eBPF monitor adopted", rep)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "ping" {
+		t.Fatalf("echo %q, %v", buf[:n], err)
+	}
+}
