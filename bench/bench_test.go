@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandirect/sandirect/internal/testutil"
+	"github.com/sandirect/sandirect/pin"
 )
 
 func TestMain(m *testing.M) {
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(envFirstDial); addr != "" {
 		os.Exit(firstDialMain(addr))
 	}
-	testutil.Main(m)
+	testutil.Main(m, pin.CloseIdleMonitors) // the devices' idle eBPF monitor (pin.SetIdleMonitorLinger)
 }
 
 func init() {

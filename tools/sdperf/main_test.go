@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/pin"
 )
 
 func TestMain(m *testing.M) {
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 		main()
 		return nil
 	})
-	testutil.Main(m)
+	testutil.Main(m, pin.CloseIdleMonitors) // the devices' idle eBPF monitor (pin.SetIdleMonitorLinger)
 }
 
 var addrSeq atomic.Int64

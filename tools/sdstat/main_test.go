@@ -19,10 +19,13 @@ import (
 
 	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/sockets"
 )
 
-func TestMain(m *testing.M) { testutil.Main(m) }
+// The devices' idle eBPF monitor (pin.SetIdleMonitorLinger) is closed
+// before the leak check.
+func TestMain(m *testing.M) { testutil.Main(m, pin.CloseIdleMonitors) }
 
 // The workload child: two devices connected by a queue pair; the first
 // sends to the second, a few messages every millisecond, and a sockets

@@ -23,6 +23,7 @@ import (
 	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/sockets"
 )
 
@@ -36,7 +37,7 @@ func TestMain(m *testing.M) {
 	testutil.RegisterChild("sdtrace-unprivileged", func(args []string) error {
 		return run(context.Background(), os.Stdout, args)
 	})
-	testutil.Main(m)
+	testutil.Main(m, pin.CloseIdleMonitors) // the devices' idle eBPF monitor (pin.SetIdleMonitorLinger)
 }
 
 // Sizes of the workload's operations, which the tests look for.
