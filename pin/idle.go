@@ -25,7 +25,7 @@ import (
 // its probes still run at the entry of munmap and its siblings anywhere
 // on the host (docs/setup.md measures that tax); for this process they
 // find no granule watched and publish nothing.
-const DefaultIdleMonitorLinger = 30 * time.Second
+const DefaultIdleMonitorLinger = 10 * time.Second
 
 var monitorLinger atomic.Int64 // a time.Duration
 
