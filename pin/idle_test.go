@@ -2,6 +2,8 @@ package pin
 
 import (
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,4 +164,89 @@ func TestIdleMonitorNone(t *testing.T) {
 		t.Fatal("a cache closed with no linger left its monitor idle")
 	}
 	wantDetached(t, m2)
+}
+
+// TestStaleHitAcrossAdoptions: caches created and closed in turn, each
+// after the first adopting the monitor the last one left, while
+// goroutines register foreign memory, unmap it and map it again: no
+// cache ever serves memory that changed by an entry from before the
+// change, and each caches foreign memory through the adopted monitor.
+func TestStaleHitAcrossAdoptions(t *testing.T) {
+	closeIdle(t)
+	first := ebpfCache(t)
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	const cycles, goroutines, iters = 10, 2, 200
+	for cycle := range cycles {
+		c, err := New(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.monitorReady() {
+			c.Close()
+			t.Fatalf("cycle %d: the idle monitor was not adopted", cycle)
+		}
+		var stale, hits atomic.Int64
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			at := uintptr(0x60_0000_0000) + uintptr(g)<<21
+			p, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
+			if err != nil {
+				t.Fatalf("mmap at %#x: %v", at, err)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer sys.MunmapRange(at, page)
+				b := sys.Bytes(p, page)
+				for range iters {
+					h1, err := c.Register(b, 0)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					c.Deregister(h1)
+					h2, err := c.Register(b, 0)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					c.Deregister(h2)
+					if h2.entryID() == h1.entryID() {
+						hits.Add(1)
+					}
+					if err := sys.MunmapRange(at, page); err != nil {
+						t.Error(err)
+						return
+					}
+					q, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
+					if err != nil {
+						t.Errorf("mmap at %#x again: %v", at, err)
+						return
+					}
+					b = sys.Bytes(q, page)
+					h3, err := c.Register(b, 0)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if h3.entryID() == h2.entryID() {
+						stale.Add(1)
+					}
+					c.Deregister(h3)
+				}
+			}()
+		}
+		wg.Wait()
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if stale.Load() != 0 {
+			t.Fatalf("cycle %d: %d stale hits", cycle, stale.Load())
+		}
+		if hits.Load() != goroutines*iters {
+			t.Fatalf("cycle %d: %d of %d registrations of unchanged foreign memory hit", cycle, hits.Load(), goroutines*iters)
+		}
+	}
 }
