@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandirect/sandirect/internal/testutil"
+	"github.com/sandirect/sandirect/pin"
 )
 
 func init() {
@@ -136,6 +137,47 @@ func BenchmarkDial(b *testing.B) {
 				if err := c.Close(); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkDialFreshDevice: BenchmarkDial's connection per request for a
+// program whose device closed since its last connection (deviceLinger
+// passed): each dial opens the process's device again. With the idle
+// eBPF monitor kept (pin.SetIdleMonitorLinger, the library's default),
+// and with none, as every device before 2026-12-07 loaded its own.
+func BenchmarkDialFreshDevice(b *testing.B) {
+	addrs, stop := startEchoListeners(b)
+	defer stop()
+	for _, bc := range []struct {
+		name   string
+		linger time.Duration
+	}{{"idle-monitor", pin.DefaultIdleMonitorLinger}, {"no-idle-monitor", 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			defer pin.SetIdleMonitorLinger(pin.SetIdleMonitorLinger(bc.linger))
+			buf := make([]byte, 64)
+			for b.Loop() {
+				// A device's close runs in the background in a program
+				// (its linger's timer); with no idle monitor it detaches
+				// the probes there, hundreds of ms of grace periods.
+				b.StopTimer()
+				closeIdleDevices()
+				b.StartTimer()
+				c, err := Dial("sandirect", addrs["shm"])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, buf); err != nil {
+					b.Fatal(err)
+				}
+				if err := c.Close(); err != nil {
+					b.Fatal(err)
+				}
+				waitTorn(b, c)
 			}
 		})
 	}

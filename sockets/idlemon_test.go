@@ -16,6 +16,10 @@ import (
 func TestIdleMonitorAcrossDevices(t *testing.T) {
 	pin.SetIdleMonitorLinger(time.Minute)
 	defer pin.SetIdleMonitorLinger(0) // and closes it: TestMain's setting
+	// The device closes when the test says, not when TestMain's short
+	// linger runs out under a slow build.
+	defer func(d time.Duration) { deviceLinger = d }(deviceLinger)
+	deviceLinger = time.Minute
 	addr := fmt.Sprintf("@sandirect-idlemon-%d", os.Getpid())
 	startPathListener(t, addr)
 	c, err := Dial("sandirect", addr)
