@@ -201,40 +201,20 @@ func TestStaleHitAcrossAdoptions(t *testing.T) {
 				defer sys.MunmapRange(at, page)
 				b := sys.Bytes(p, page)
 				for range iters {
-					h1, err := c.Register(b, 0)
-					if err != nil {
-						t.Error(err)
+					last, hit, ok := registerTwice(t, c, b)
+					if !ok {
 						return
 					}
-					c.Deregister(h1)
-					h2, err := c.Register(b, 0)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					c.Deregister(h2)
-					if h2.entryID() == h1.entryID() {
+					if hit {
 						hits.Add(1)
 					}
-					if err := sys.MunmapRange(at, page); err != nil {
-						t.Error(err)
+					var wasStale bool
+					if b, wasStale, ok = remapRegister(t, c, at, last); !ok {
 						return
 					}
-					q, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
-					if err != nil {
-						t.Errorf("mmap at %#x again: %v", at, err)
-						return
-					}
-					b = sys.Bytes(q, page)
-					h3, err := c.Register(b, 0)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if h3.entryID() == h2.entryID() {
+					if wasStale {
 						stale.Add(1)
 					}
-					c.Deregister(h3)
 				}
 			}()
 		}

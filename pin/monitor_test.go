@@ -18,6 +18,48 @@ func (c *Cache) monitorReady() bool {
 	}
 }
 
+// registerTwice registers b and deregisters it, twice, and returns the
+// second registration's entry and whether it was the first's (a hit).
+// ok is false when a registration failed (t is told).
+func registerTwice(t *testing.T, c *Cache, b []byte) (second uint64, hit, ok bool) {
+	h1, err := c.Register(b, 0)
+	if err != nil {
+		t.Error(err)
+		return 0, false, false
+	}
+	c.Deregister(h1)
+	h2, err := c.Register(b, 0)
+	if err != nil {
+		t.Error(err)
+		return 0, false, false
+	}
+	c.Deregister(h2)
+	return h2.entryID(), h2.entryID() == h1.entryID(), true
+}
+
+// remapRegister unmaps the page at at, maps a fresh one there and
+// registers it, and tells whether the entry old served it (a stale hit).
+// It returns the new page. ok is false when a step failed (t is told).
+func remapRegister(t *testing.T, c *Cache, at uintptr, old uint64) (b []byte, stale, ok bool) {
+	if err := sys.MunmapRange(at, page); err != nil {
+		t.Error(err)
+		return nil, false, false
+	}
+	q, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
+	if err != nil {
+		t.Errorf("mmap at %#x again: %v", at, err)
+		return nil, false, false
+	}
+	b = sys.Bytes(q, page)
+	h, err := c.Register(b, 0)
+	if err != nil {
+		t.Error(err)
+		return nil, false, false
+	}
+	c.Deregister(h)
+	return b, h.entryID() == old, true
+}
+
 // TestStaleHitAutoWindow runs registrations of foreign memory from the
 // moment New returns, while MonitorAuto's monitor starts in the
 // background, and on after it is adopted. Before it is adopted foreign
@@ -47,19 +89,10 @@ func TestStaleHitAutoWindow(t *testing.T) {
 			b := sys.Bytes(p, page)
 			for n := 0; n < after; {
 				readyBefore := c.monitorReady()
-				h1, err := c.Register(b, 0)
-				if err != nil {
-					t.Error(err)
+				last, hit, ok := registerTwice(t, c, b)
+				if !ok {
 					return
 				}
-				c.Deregister(h1)
-				h2, err := c.Register(b, 0)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				c.Deregister(h2)
-				hit := h2.entryID() == h1.entryID()
 				switch {
 				case !c.monitorReady():
 					inWindow.Add(1)
@@ -72,25 +105,13 @@ func TestStaleHitAutoWindow(t *testing.T) {
 						afterHits.Add(1)
 					}
 				}
-				if err := sys.MunmapRange(at, page); err != nil {
-					t.Error(err)
+				var wasStale bool
+				if b, wasStale, ok = remapRegister(t, c, at, last); !ok {
 					return
 				}
-				q, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
-				if err != nil {
-					t.Errorf("mmap at %#x again: %v", at, err)
-					return
-				}
-				b = sys.Bytes(q, page)
-				h3, err := c.Register(b, 0)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if h3.entryID() == h2.entryID() {
+				if wasStale {
 					stale.Add(1)
 				}
-				c.Deregister(h3)
 			}
 		}()
 	}

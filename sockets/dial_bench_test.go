@@ -124,19 +124,7 @@ func BenchmarkDial(b *testing.B) {
 			buf := make([]byte, 64)
 			b.ReportAllocs()
 			for b.Loop() {
-				c, err := dial(tr.netw, addrs[tr.name])
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := c.Write(buf); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := io.ReadFull(c, buf); err != nil {
-					b.Fatal(err)
-				}
-				if err := c.Close(); err != nil {
-					b.Fatal(err)
-				}
+				dialEchoClose(b, dial, tr.netw, addrs[tr.name], buf)
 			}
 		})
 	}
@@ -164,21 +152,27 @@ func BenchmarkDialFreshDevice(b *testing.B) {
 				b.StopTimer()
 				closeIdleDevices()
 				b.StartTimer()
-				c, err := Dial("sandirect", addrs["shm"])
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := c.Write(buf); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := io.ReadFull(c, buf); err != nil {
-					b.Fatal(err)
-				}
-				if err := c.Close(); err != nil {
-					b.Fatal(err)
-				}
-				waitTorn(b, c)
+				waitTorn(b, dialEchoClose(b, Dial, "sandirect", addrs["shm"], buf))
 			}
 		})
 	}
+}
+
+// dialEchoClose dials addr on netw with dial, writes buf, reads its echo
+// into it and closes the connection, which it returns.
+func dialEchoClose(b *testing.B, dial func(string, string) (net.Conn, error), netw, addr string, buf []byte) net.Conn {
+	c, err := dial(netw, addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.Write(buf); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, buf); err != nil {
+		b.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		b.Fatal(err)
+	}
+	return c
 }

@@ -56,12 +56,5 @@ func TestIdleMonitorAcrossDevices(t *testing.T) {
 	if rep := cache2.CurrentMonitor(); rep.Kind != pin.MonitorEBPF || rep.Starting {
 		t.Fatalf("the second device's monitor as its dial returns: %v, want the idle eBPF monitor adopted", rep)
 	}
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte("ping")); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4)
-	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "ping" {
-		t.Fatalf("echo %q, %v", buf[:n], err)
-	}
+	ping(t, c)
 }

@@ -69,6 +69,12 @@ func echoOnce(t *testing.T, path string) {
 		c.Close()
 		waitTorn(t, c)
 	}()
+	ping(t, c)
+}
+
+// ping writes "ping" to c, an echoing connection, and reads it back.
+func ping(t *testing.T, c net.Conn) {
+	t.Helper()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c.Write([]byte("ping")); err != nil {
 		t.Fatal(err)
