@@ -22,7 +22,12 @@ func TestIdleMonitorAcrossDevices(t *testing.T) {
 	deviceLinger = time.Minute
 	addr := fmt.Sprintf("@sandirect-idlemon-%d", os.Getpid())
 	startPathListener(t, addr)
-	c, err := Dial("sandirect", addr)
+	// A device of its own (devices are shared by configuration): one
+	// another test's connection still holds would never be idle here.
+	cfg := DefaultConfig()
+	cfg.MaxRegions = 4093
+	d := Dialer{Config: &cfg}
+	c, err := d.Dial("sandirect", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +42,7 @@ func TestIdleMonitorAcrossDevices(t *testing.T) {
 		t.Fatal("the dialer's device is not idle after its connection was torn down")
 	}
 	opened := devicesOpened.Load()
-	c, err = Dial("sandirect", addr)
+	c, err = d.Dial("sandirect", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
