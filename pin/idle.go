@@ -12,10 +12,11 @@ import (
 // same for every cache of the process: its probes watch this process's
 // address space, filtered to the granules a cache asks for. A cache that
 // closes therefore leaves its monitor idle — nothing watched, no events
-// pending — for a while (SetIdleMonitorLinger), and the next cache that wants one (Auto or
-// EBPF) adopts it at once instead of loading another. A program whose
-// connections come and go (its device closes a second after the last
-// one) loads the probes once, not once per burst of connections.
+// pending — for a while (SetIdleMonitorLinger), and the next cache that
+// wants one (Auto or EBPF) adopts it at once instead of loading another.
+// A program whose connections come and go (its device closes a second
+// after the last one) loads the probes once, not once per burst of
+// connections.
 //
 // One monitor is kept: a second cache closing while one is idle closes
 // the older. CloseIdleMonitors closes it at once.
