@@ -16,6 +16,15 @@ import (
 // that answers otherwise (another device) fails the early connection at
 // its first use, with a reset, and the next dial is a full one again.
 func TestEarlyDial(t *testing.T) {
+	// The process's default device, and what it knows of the listener,
+	// must outlive the first listener's close until the next dial,
+	// however slow the build (TestMain's linger is 50 ms): held here.
+	cfg := DefaultConfig()
+	d, err := acquireDevice(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.release()
 	addr := testAddr()
 	accept := func(ln net.Listener) <-chan net.Conn {
 		ch := make(chan net.Conn, 1)

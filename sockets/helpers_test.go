@@ -100,3 +100,13 @@ func waitMonitor(c net.Conn) {
 		}
 	}
 }
+
+// setDeviceLinger sets deviceLinger and returns the old value. Under
+// devices.mu, where release reads it: earlier tests' connections may
+// still be tearing down.
+func setDeviceLinger(d time.Duration) (old time.Duration) {
+	devices.mu.Lock()
+	defer devices.mu.Unlock()
+	old, deviceLinger = deviceLinger, d
+	return old
+}

@@ -17,16 +17,8 @@ func TestIdleMonitorAcrossDevices(t *testing.T) {
 	pin.SetIdleMonitorLinger(time.Minute)
 	defer pin.SetIdleMonitorLinger(0) // and closes it: TestMain's setting
 	// The device closes when the test says, not when TestMain's short
-	// linger runs out under a slow build. Set under devices.mu, where
-	// release reads it: earlier tests' connections may still be tearing
-	// down.
-	setLinger := func(d time.Duration) (old time.Duration) {
-		devices.mu.Lock()
-		defer devices.mu.Unlock()
-		old, deviceLinger = deviceLinger, d
-		return old
-	}
-	defer setLinger(setLinger(time.Minute))
+	// linger runs out under a slow build.
+	defer setDeviceLinger(setDeviceLinger(time.Minute))
 	addr := fmt.Sprintf("@sandirect-idlemon-%d", os.Getpid())
 	startPathListener(t, addr)
 	// A device of its own (devices are shared by configuration): one
