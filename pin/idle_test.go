@@ -208,12 +208,8 @@ func TestStaleHitAcrossAdoptions(t *testing.T) {
 					if hit {
 						hits.Add(1)
 					}
-					var wasStale bool
-					if b, wasStale, ok = remapRegister(t, c, at, last); !ok {
+					if b, ok = remapRegister(t, c, at, last, &stale); !ok {
 						return
-					}
-					if wasStale {
-						stale.Add(1)
 					}
 				}
 			}()

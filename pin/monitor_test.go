@@ -38,26 +38,30 @@ func registerTwice(t *testing.T, c *Cache, b []byte) (second uint64, hit, ok boo
 }
 
 // remapRegister unmaps the page at at, maps a fresh one there and
-// registers it, and tells whether the entry old served it (a stale hit).
-// It returns the new page. ok is false when a step failed (t is told).
-func remapRegister(t *testing.T, c *Cache, at uintptr, old uint64) (b []byte, stale, ok bool) {
+// registers it, and counts in stale a registration that the entry old
+// served (a stale hit). It returns the new page. ok is false when a step
+// failed (t is told).
+func remapRegister(t *testing.T, c *Cache, at uintptr, old uint64, stale *atomic.Int64) (b []byte, ok bool) {
 	if err := sys.MunmapRange(at, page); err != nil {
 		t.Error(err)
-		return nil, false, false
+		return nil, false
 	}
 	q, err := sys.MmapAnon(at, page, sys.MapFixedNoreplace)
 	if err != nil {
 		t.Errorf("mmap at %#x again: %v", at, err)
-		return nil, false, false
+		return nil, false
 	}
 	b = sys.Bytes(q, page)
 	h, err := c.Register(b, 0)
 	if err != nil {
 		t.Error(err)
-		return nil, false, false
+		return nil, false
 	}
 	c.Deregister(h)
-	return b, h.entryID() == old, true
+	if h.entryID() == old {
+		stale.Add(1)
+	}
+	return b, true
 }
 
 // TestStaleHitAutoWindow runs registrations of foreign memory from the
@@ -105,12 +109,8 @@ func TestStaleHitAutoWindow(t *testing.T) {
 						afterHits.Add(1)
 					}
 				}
-				var wasStale bool
-				if b, wasStale, ok = remapRegister(t, c, at, last); !ok {
+				if b, ok = remapRegister(t, c, at, last, &stale); !ok {
 					return
-				}
-				if wasStale {
-					stale.Add(1)
 				}
 			}
 		}()
