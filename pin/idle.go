@@ -35,8 +35,9 @@ func init() { monitorLinger.Store(int64(DefaultIdleMonitorLinger)) }
 // SetIdleMonitorLinger sets how long the eBPF monitor of a closed cache
 // stays loaded for the process's next cache, and returns the previous
 // setting. d <= 0 keeps none: a cache's Close detaches its monitor, and
-// one idle now is closed at once. For the whole process: the idle monitor
-// is the process's, not a cache's.
+// one idle now is closed at once (CloseIdleMonitors, whose error it
+// drops; call that for the error). For the whole process: the idle
+// monitor is the process's, not a cache's.
 func SetIdleMonitorLinger(d time.Duration) time.Duration {
 	old := time.Duration(monitorLinger.Swap(int64(d)))
 	if d <= 0 {
