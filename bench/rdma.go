@@ -522,6 +522,7 @@ func rdmaCases(ctx context.Context, env *Env, s *rdmaSide, ref *ringRef, mem str
 				if s.qp.State() != nic.QPReady {
 					return recs, s.qp.Err()
 				}
+				shm.Pause() // as UCX's loop runs its progress between looks
 			}
 			if !smp.lap() {
 				binary.LittleEndian.PutUint64(src[size-8:], 0) // zero: stop
@@ -931,6 +932,7 @@ func (s *rdmaSide) follow() error {
 					if s.qp.State() != nic.QPReady {
 						return s.qp.Err()
 					}
+					shm.Pause()
 				}
 				if seq == 0 {
 					shm.StoreUint64(s.buf, size-8, 0)

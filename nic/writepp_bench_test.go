@@ -59,12 +59,14 @@ func BenchmarkWritePingPong(b *testing.B) {
 						return err
 					}
 					for shm.LoadUint64(memA, 0) != seq {
+						shm.Pause()
 					}
 					return nil
 				},
 				func() (bool, error) {
 					v := shm.LoadUint64(memP, 0)
 					for ; v == last; v = shm.LoadUint64(memP, 0) {
+						shm.Pause()
 					}
 					if last = v; v == stop {
 						return true, nil
