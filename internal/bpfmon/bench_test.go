@@ -2,10 +2,12 @@ package bpfmon
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/sandirect/sandirect/internal/sys"
+	"github.com/sandirect/sandirect/internal/testutil"
 )
 
 // benchMonitor opens a Monitor attached with meth, or skips.
@@ -103,6 +106,94 @@ func BenchmarkGetpid(b *testing.B) {
 			run(b)
 		})
 	}
+}
+
+// BenchmarkHostTax measures what an attached monitor costs a process it
+// does not watch, the rest of the host: a child process, which no monitor
+// watches, times b.N getppid calls, in rounds that alternate between no
+// monitor attached in this process and one attached by each method, so
+// that a machine whose speed drifts (a VM under TCG) moves them alike.
+// Metrics: the median time of a call per mode (none-ns, kprobe-ns, …) and
+// the median over the rounds of its ratio to none's in the same round
+// (kprobe-x, …). Where kprobes exist, the six calls'
+// entries are all that is probed, and getppid is not among them; the
+// syscall tracepoints put every task of the machine on the kernel's
+// traced system call path.
+func BenchmarkHostTax(b *testing.B) {
+	const rounds = 9
+	child := func() float64 {
+		out, err := os.CreateTemp(b.TempDir(), "hosttax")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer out.Close()
+		c := testutil.StartChild(b, "getppid-loop", []*os.File{out}, strconv.Itoa(b.N))
+		if err := c.Wait(10 * time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		got, err := os.ReadFile(out.Name())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ns, err := strconv.ParseFloat(strings.TrimSpace(string(got)), 64)
+		if err != nil {
+			b.Fatalf("child's getppid time %q: %v", got, err)
+		}
+		return ns
+	}
+	modes := append([]Method{""}, Methods()...) // "": none attached
+	ns := make(map[Method][]float64)
+	ratios := make(map[Method][]float64)
+	for range rounds {
+		var none float64
+		for _, meth := range modes {
+			var m *Monitor
+			if meth != "" {
+				var err error
+				if m, err = Open(&Config{Methods: []Method{meth}}); errors.Is(err, ErrNotSupported) {
+					continue
+				} else if err != nil {
+					b.Fatal(err)
+				}
+			}
+			v := child()
+			ns[meth] = append(ns[meth], v)
+			if m != nil {
+				m.Close()
+				ratios[meth] = append(ratios[meth], v/none)
+			} else {
+				none = v
+			}
+		}
+	}
+	median := func(v []float64) float64 {
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	b.ReportMetric(median(ns[""]), "none-ns")
+	for _, meth := range Methods() {
+		if v := ns[meth]; len(v) > 0 {
+			b.ReportMetric(median(v), string(meth)+"-ns")
+			b.ReportMetric(median(ratios[meth]), string(meth)+"-x")
+		}
+	}
+}
+
+// childGetppidLoop calls getppid args[0] times on a locked thread and
+// writes the mean time of a call, in ns, to fd 3 (BenchmarkHostTax).
+func childGetppidLoop(args []string) error {
+	n, err := strconv.Atoi(args[0])
+	if err != nil || n < 1 {
+		return fmt.Errorf("getppid-loop: count %q", args[0])
+	}
+	runtime.LockOSThread()
+	t0 := time.Now()
+	for range n {
+		syscall.Getppid()
+	}
+	ns := float64(time.Since(t0).Nanoseconds()) / float64(n)
+	_, err = fmt.Fprintf(os.NewFile(3, "out"), "%.2f\n", ns)
+	return err
 }
 
 // BenchmarkDelivery measures how an event reaches the reader after munmap

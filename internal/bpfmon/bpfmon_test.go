@@ -23,6 +23,7 @@ func TestMain(m *testing.M) {
 	testutil.RegisterChild("munmapper", childMunmapper)
 	testutil.RegisterChild("open-unprivileged", childOpenUnprivileged)
 	testutil.RegisterChild("pidns-monitor", childPidnsMonitor)
+	testutil.RegisterChild("getppid-loop", childGetppidLoop)
 	testutil.Main(m)
 }
 
