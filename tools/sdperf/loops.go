@@ -116,6 +116,7 @@ func (e *endpoint) pollFlag(ctx context.Context, seq uint8) error {
 				return err
 			}
 		}
+		shm.Pause() // leaves the loop sooner once the write lands
 	}
 }
 
