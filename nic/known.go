@@ -245,11 +245,10 @@ func (qp *QueuePair) takeReply() error {
 	if err != nil {
 		qp.dev.forget(qp.awaitKey, kp)
 	} else {
-		if len(fds) == 0 {
-			qp.sqMu.Lock()
-			qp.sstats.HeldReplies = 1
-			qp.sqMu.Unlock()
-		}
+		// Not under sqMu: a copy into the peer's memory holds it while it
+		// waits for the segment's announcement, which this reader reads
+		// next (peerInfo.segment).
+		qp.heldReply.Store(len(fds) == 0)
 		qp.replied.Store(true)
 	}
 	return err

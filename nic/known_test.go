@@ -129,6 +129,99 @@ func TestEarlyDial(t *testing.T) {
 	(<-accepted).qp.Close()
 }
 
+// TestEarlyReplyWhileCopyWaits: an early queue pair's RDMA Write into
+// the listener's memory, posted before the listener has answered, waits
+// under the send queue's lock for the segment's announcement, which comes
+// after the reply on the connection socket; the reader that takes the
+// reply must not need that lock. It did (to count a reply without fds),
+// and the write failed 10 s later with "never announced" (a soak of the
+// sockets layer found it, one full run in four).
+func TestEarlyReplyWhileCopyWaits(t *testing.T) {
+	ld := openDevice(t, nil)
+	ln, err := ld.Listen(testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	gate := make(chan struct{}, 1)
+	accepted := make(chan acceptResult, 2)
+	go func() {
+		for {
+			p, err := ln.AcceptPending()
+			if err != nil {
+				return
+			}
+			<-gate // the test says when the listener answers
+			qp, err := p.Handshake(QPOptions{SendCQ: ld.NewCQ(), RecvCQ: ld.NewCQ()})
+			accepted <- acceptResult{qp, err}
+		}
+	}()
+	target := alloc(t, ld, 4096)
+	tmr := register(t, ld, target, AccessRemoteWrite)
+	d := openDevice(t, nil)
+	opts := QPOptions{SendCQ: d.NewCQ(), RecvCQ: d.NewCQ(), PrivateData: []byte("hello"), Early: true}
+	gate <- struct{}{}
+	qp, err := d.Dial(ln.Addr().String(), opts) // learns the answer
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-accepted
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	qp.Close()
+	r.qp.Close()
+
+	waiting := make(chan uint32, 1)
+	hook := func(idx uint32) {
+		select {
+		case waiting <- idx:
+		default:
+		}
+	}
+	testHookSegmentWait.Store(&hook)
+	defer testHookSegmentWait.Store(nil)
+	opts.SendCQ, opts.RecvCQ = d.NewCQ(), d.NewCQ()
+	qp, err = d.Dial(ln.Addr().String(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qp.Close()
+	if !qp.Early() {
+		t.Fatal("the second dial is not early: the test tests nothing")
+	}
+	src := []byte("written before the listener answered")
+	smr := register(t, d, src, AccessLocalWrite)
+	posted := make(chan error, 1)
+	go func() {
+		posted <- qp.PostSend(SendWR{ID: 7, Op: OpWrite, Local: src, LKey: smr.LKey, Remote: uint64(tmr.Addr), RKey: tmr.RKey})
+	}()
+	select {
+	case <-waiting: // the write waits for the segment, holding the send queue
+	case err := <-posted:
+		t.Fatalf("the write did not wait for the listener's segment (PostSend: %v): the test tests nothing", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write never began to wait for the listener's segment")
+	}
+	gate <- struct{}{} // now the reply, then the announcement
+	r = <-accepted
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.qp.Close()
+	var c [1]Completion
+	n, err := qp.sendCQ.Wait(c[:], time.Now().Add(segmentWait/2))
+	if err != nil || n != 1 {
+		t.Fatalf("no completion of the write within %v (the reader stuck behind it?): %d, %v", segmentWait/2, n, err)
+	}
+	if c[0].Status != StatusSuccess || !bytes.Equal(target[:len(src)], src) {
+		t.Fatalf("write %+v, target %q", c[0], target[:len(src)])
+	}
+	if err := <-posted; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestEarlyDialAnswerChanged: when the listener answers otherwise than
 // before — another reply, or a reject — the early queue pair fails with
 // a reason that says so, and the next dial is not early.

@@ -175,6 +175,7 @@ type QueuePair struct {
 	awaitKey   knownKey
 	awaitBy    time.Time
 	replied    atomic.Bool // the early dial's reply came and matched
+	heldReply  atomic.Bool // and it came without fds (Stats.HeldReplies)
 	started    atomic.Bool // the connection reader runs
 	readerDone chan struct{}
 
@@ -210,6 +211,9 @@ func (qp *QueuePair) Stats() Stats {
 	qp.rqMu.Lock()
 	st.add(&qp.rstats)
 	qp.rqMu.Unlock()
+	if qp.heldReply.Load() {
+		st.HeldReplies++
+	}
 	return st
 }
 
@@ -751,6 +755,10 @@ func safeCopyBy(dst, src []byte, way copyWay) (err error) {
 // with a thousand connections on a loaded machine (docs/performance.md).
 const segmentWait = 10 * time.Second
 
+// testHookSegmentWait, if set, sees a copy begin to wait for the
+// announcement of the peer's segment idx.
+var testHookSegmentWait atomic.Pointer[func(idx uint32)]
+
 func (p *peerInfo) segment(idx uint32) (*shm.Segment, error) {
 	if h := p.hot[idx%peerSegHot].Load(); h != nil && h.idx == idx {
 		return h.seg, nil
@@ -794,6 +802,9 @@ func (p *peerInfo) awaitSegment(idx uint32) (*shm.Segment, error) {
 		if timer == nil {
 			timer = time.NewTimer(segmentWait)
 			defer timer.Stop()
+			if h := testHookSegmentWait.Load(); h != nil {
+				(*h)(idx)
+			}
 		}
 		select {
 		case <-changed:
