@@ -19,6 +19,14 @@ import (
 // returned channel.
 func earlyListener(t *testing.T, answer func([]byte) ([]byte, error)) (*Listener, *Device, chan acceptResult) {
 	t.Helper()
+	return gatedListener(t, answer, nil)
+}
+
+// gatedListener is earlyListener whose handshakes each wait for a value
+// on gate first, if gate is not nil: the test says when the listener
+// answers.
+func gatedListener(t *testing.T, answer func([]byte) ([]byte, error), gate <-chan struct{}) (*Listener, *Device, chan acceptResult) {
+	t.Helper()
 	d := openDevice(t, nil)
 	ln, err := d.Listen(testAddr())
 	if err != nil {
@@ -31,6 +39,9 @@ func earlyListener(t *testing.T, answer func([]byte) ([]byte, error)) (*Listener
 			p, err := ln.AcceptPending()
 			if err != nil {
 				return
+			}
+			if gate != nil {
+				<-gate
 			}
 			qp, err := p.Handshake(QPOptions{SendCQ: d.NewCQ(), RecvCQ: d.NewCQ(), Answer: answer})
 			ch <- acceptResult{qp, err}
@@ -137,25 +148,8 @@ func TestEarlyDial(t *testing.T) {
 // and the write failed 10 s later with "never announced" (a soak of the
 // sockets layer found it, one full run in four).
 func TestEarlyReplyWhileCopyWaits(t *testing.T) {
-	ld := openDevice(t, nil)
-	ln, err := ld.Listen(testAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	gate := make(chan struct{}, 1)
-	accepted := make(chan acceptResult, 2)
-	go func() {
-		for {
-			p, err := ln.AcceptPending()
-			if err != nil {
-				return
-			}
-			<-gate // the test says when the listener answers
-			qp, err := p.Handshake(QPOptions{SendCQ: ld.NewCQ(), RecvCQ: ld.NewCQ()})
-			accepted <- acceptResult{qp, err}
-		}
-	}()
+	ln, ld, accepted := gatedListener(t, nil, gate)
 	target := alloc(t, ld, 4096)
 	tmr := register(t, ld, target, AccessRemoteWrite)
 	d := openDevice(t, nil)
