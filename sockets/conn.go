@@ -337,10 +337,15 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 		if direct {
 			dl = nil // bounded: our own RDMA Read, or a sender serving our cts
 		}
-		gen := c.rounds
-		c.mu.Unlock()
-		perr := c.progress(gen, dl, !direct)
-		c.mu.Lock()
+		fast := n == 0 && !direct
+		perr := c.progressLocked(c.rounds, dl, !direct, fast)
+		if fast && perr == nil {
+			// What the wait found is in the ring still, if the fast
+			// path may take it (progressLocked's leave).
+			if k, ok := c.readFastLocked(b); ok {
+				return k, nil
+			}
+		}
 		if perr != nil && !direct {
 			if n > 0 {
 				return n, nil

@@ -127,11 +127,7 @@ func (c *Conn) lend() (b []byte, lent bool, err error) {
 		case c.err != nil || c.ringEnd:
 			return nil, false, nil // nothing more can come: Read says why
 		}
-		gen := c.rounds
-		c.mu.Unlock()
-		err := c.progress(gen, &c.rdl, true)
-		c.mu.Lock()
-		if err != nil {
+		if err := c.progressLocked(c.rounds, &c.rdl, true, false); err != nil {
 			return nil, false, err
 		}
 	}

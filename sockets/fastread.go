@@ -17,13 +17,7 @@ import "errors"
 // nothing: what it took from the ring is queued as the general dispatch
 // queues it).
 func (c *Conn) readFastLocked(b []byte) (n int, ok bool) {
-	if len(b) == 0 || c.polling || c.torn || c.closed || c.err != nil || c.qpDead || !c.helloDone ||
-		c.peerFin || c.lending || len(c.staged) > 0 || c.rxHead != len(c.rx) ||
-		// As pollInlineLocked: no RDMA operation can be outstanding,
-		// whose completion a poller would dispatch before the messages
-		// that came after it.
-		c.rd.active || c.wtx != nil || len(c.txq) > 0 || c.copyInFlight > 0 ||
-		c.rdl.expired.Load() {
+	if len(b) == 0 || c.polling || !c.fastReadyLocked() {
 		return 0, false
 	}
 	c.polling = true // the ring's reader, as pollInlineLocked is
@@ -52,6 +46,18 @@ func (c *Conn) readFastLocked(b []byte) (n int, ok bool) {
 	}
 	c.stats.count(cInlineTakes, 1)
 	return n, true
+}
+
+// fastReadyLocked tells whether the connection's state allows the fast
+// path: plain, nothing queued for Read, no RDMA operation outstanding.
+func (c *Conn) fastReadyLocked() bool {
+	return !(c.torn || c.closed || c.err != nil || c.qpDead || !c.helloDone ||
+		c.peerFin || c.lending || len(c.staged) > 0 || c.rxHead != len(c.rx) ||
+		// As pollInlineLocked: no RDMA operation can be outstanding,
+		// whose completion a poller would dispatch before the messages
+		// that came after it.
+		c.rd.active || c.wtx != nil || len(c.txq) > 0 || c.copyInFlight > 0 ||
+		c.rdl.expired.Load())
 }
 
 // errNotData: a message the fast path leaves to the general dispatch.

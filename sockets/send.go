@@ -143,10 +143,7 @@ func (c *Conn) ensurePumpLocked() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for len(c.ctlq) > 0 && !c.tearing && c.err == nil && !c.qpDead {
-			gen := c.rounds
-			c.mu.Unlock()
-			c.progressMode(gen, nil, false, true)
-			c.mu.Lock()
+			c.progressLocked(c.rounds, nil, false, false)
 		}
 		c.pumping = false
 	}()

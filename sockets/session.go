@@ -236,21 +236,26 @@ type ctlMsg struct {
 // would miss the wake-up: a cts dispatched by another poller while the
 // writer was between its check and its wait hung the write rendezvous).
 func (c *Conn) progress(gen uint32, dl *deadline, stopOnClose bool) error {
-	return c.progressMode(gen, dl, stopOnClose, false)
+	c.mu.Lock()
+	err := c.progressLocked(gen, dl, stopOnClose, false)
+	c.mu.Unlock()
+	return err
 }
 
-// progressMode is progress. nap is ignored: goroutines that wait through
-// a hang-up (linger, the pump, the handshake) once polled with naps, when
-// a hang-up drained the receive ring under a waiter's feet; an in-place
-// ring is the poller's alone.
-func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) error {
-	c.mu.Lock()
+// progressLocked is progress called and returning with mu held; mu is
+// released while it waits. A caller that held mu since it checked its
+// condition passes c.rounds as gen. Between the wait's end and the
+// dispatch of what it found mu is taken once (pollCQ), not three times
+// as a waiting Read once took it (docs/performance.md, "A waiting Read's
+// locks"). leave: when the wait found messages in the ring and nothing
+// else, and the Read's fast path may take them (fastReadyLocked), they
+// stay there for the caller, a Read, to take at once (readFastLocked),
+// instead of going through the receive queue.
+func (c *Conn) progressLocked(gen uint32, dl *deadline, stopOnClose, leave bool) error {
 	if c.torn {
-		c.mu.Unlock()
 		return net.ErrClosed
 	}
 	if c.rounds != gen {
-		c.mu.Unlock()
 		return nil // the state changed since the caller looked
 	}
 	if c.polling {
@@ -267,14 +272,16 @@ func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) err
 		if stopOnClose {
 			cch = c.closing
 		}
+		var err error
 		select {
 		case <-ch:
-			return nil
 		case <-dch:
-			return os.ErrDeadlineExceeded
+			err = os.ErrDeadlineExceeded
 		case <-cch:
-			return net.ErrClosed
+			err = net.ErrClosed
 		}
+		c.mu.Lock()
+		return err
 	}
 	c.polling = true
 	c.interesting = false
@@ -283,8 +290,10 @@ func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) err
 	var err error
 	for {
 		var n int
-		n, err = c.pollCQ(dl, k)
-		c.mu.Lock()
+		n, err = c.pollCQ(dl, k) // returns with mu held
+		if leave && n == 0 && err == nil && c.fastReadyLocked() {
+			break
+		}
 		c.dispatchPolledLocked(n)
 		// Completions of our own sends change nothing a caller waits
 		// for, unless it waits for a send buffer: poll on.
@@ -294,17 +303,12 @@ func (c *Conn) progressMode(gen uint32, dl *deadline, stopOnClose, nap bool) err
 		c.mu.Unlock()
 	}
 	c.endPollLocked()
-	c.mu.Unlock()
 	return err
 }
 
-// waitLocked runs progress with mu released.
+// waitLocked runs progress, mu released while it waits.
 func (c *Conn) waitLocked(dl *deadline, stopOnClose bool) error {
-	gen := c.rounds
-	c.mu.Unlock()
-	err := c.progress(gen, dl, stopOnClose)
-	c.mu.Lock()
-	return err
+	return c.progressLocked(c.rounds, dl, stopOnClose, false)
 }
 
 // endPollLocked ends a poller's round and wakes the calls that waited for
@@ -356,14 +360,17 @@ func (c *Conn) pollInlineLocked() bool {
 }
 
 // pollCQ waits for completions into c.comps. The caller is the poller;
-// k is the kick count it started with: a change ends the wait.
+// k is the kick count it started with: a change ends the wait. It is
+// called without mu and returns with mu held, for the dispatch.
 func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	comps := c.comps[:]
 	if n := c.cq.Poll(comps); n > 0 || c.qp.RecvPending() {
+		c.mu.Lock()
 		return n, nil
 	}
 	if c.replyLook && c.replyDue.Swap(false) {
 		if n, ok := c.awaitReply(comps, dl, k); ok {
+			c.mu.Lock()
 			c.stats.count(cRepliesCaught, 1)
 			return n, nil
 		}
@@ -401,7 +408,6 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 	c.mu.Lock()
 	c.sleeping = false
 	c.repostLocked()
-	c.mu.Unlock()
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			if dl != nil && dl.expired.Load() {

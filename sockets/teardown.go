@@ -166,10 +166,7 @@ func (c *Conn) linger() {
 		if len(c.ctlq) == 0 && int32(c.peerAck-c.lastNonCredit) >= 0 && len(c.txq) == 0 {
 			break
 		}
-		gen := c.rounds
-		c.mu.Unlock()
-		err := c.progressMode(gen, &dl, false, true)
-		c.mu.Lock()
+		err := c.progressLocked(c.rounds, &dl, false, false)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.abortLocked(&abortError{err: fmt.Errorf("peer consumed nothing for %v after close", c.cfg.Linger)})
 			break
