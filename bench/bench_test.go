@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/internal/testutil"
 	"github.com/sandirect/sandirect/pin"
 )
@@ -41,6 +43,29 @@ func init() {
 				return err
 			}
 			select {} // until killed
+		})
+	})
+	// Answers three netpoll round trips, then dies without answering the
+	// fourth.
+	registerPeer("test-netpoll-die", func(pc *peerConn) error {
+		pp := openPollPipes(firstSegFd)
+		return pc.serve(func(cmd ctlMsg) error {
+			if err := pc.ready(); err != nil {
+				return err
+			}
+			var b [1]byte
+			for range 3 {
+				if _, err := io.ReadFull(pp.in, b[:]); err != nil {
+					return err
+				}
+				if err := sys.PipeSignal(pp.outFd); err != nil {
+					return err
+				}
+			}
+			io.ReadFull(pp.in, b[:])
+			fmt.Fprintln(os.Stderr, "peer says: dying mid-round")
+			os.Exit(3)
+			return nil
 		})
 	})
 	registerPeer("test-crash", func(pc *peerConn) error {
@@ -116,6 +141,7 @@ func TestRunFloorRingJSON(t *testing.T) {
 		{"floor", "pingpong", "futex", 4, lat},
 		{"floor", "pingpong", "futex/unpinned", 4, lat},
 		{"floor", "pingpong", "futexcond/unpinned", 4, lat},
+		{"floor", "pingpong", "netpoll", 1, lat},
 		{"floor", "copy", "memcpy", 4 * kiB, bw},
 		{"floor", "copy", "memcpy", 64 * kiB, bw},
 		{"floor", "stream", "pipeline/cached", 64 * kiB, bw},
@@ -126,6 +152,7 @@ func TestRunFloorRingJSON(t *testing.T) {
 		{"ring", "pingpong", "ring/block", 8, lat},
 		{"ring", "pingpong", "cacheline", 8, lat}, // the targets' interleaved references
 		{"ring", "pingpong", "futex", 4, lat},
+		{"ring", "pingpong", "netpoll", 1, lat},
 		{"ring", "stream", "ring/busy", 64, bw},
 		{"ring", "stream", "ring/busy", 64 * kiB, bw},
 	}
@@ -313,6 +340,32 @@ func TestPeerCrashAborts(t *testing.T) {
 		}
 	}
 	p.close()
+}
+
+// A peer that dies while the parent's goroutine is parked in the
+// netpoller for its answer ends the netpoll round trips with the peer's
+// exit, not a hang.
+func TestNetpollPeerDies(t *testing.T) {
+	pp, child, err := newPollPipes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pp.close()
+	env := testEnv(t)
+	p, err := startPeerFiles(env, "test-netpoll-die", child...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	smp := newSampler(100)
+	smp.start(0)
+	err = netpollRounds(context.Background(), env, p, &pp, 1, time.Hour, 100, smp)
+	if !errors.Is(err, errPeerExited) {
+		t.Fatalf("err = %v, want errPeerExited", err)
+	}
+	if !strings.Contains(err.Error(), "dying mid-round") {
+		t.Errorf("error %q lacks the peer's last words", err)
+	}
 }
 
 // Cancelling the context aborts the parent's side and kills the peer.

@@ -17,6 +17,10 @@ package main
 //     pair above wakes on every message: a peer still awake then gets a
 //     system call's pause in which its answer often lands, so that pair
 //     sleeps about half as often (see floorWords).
+//   - pingpong/netpoll: two processes waking each other through pipes,
+//     each parked in the Go netpoller on its read end (netpoll.go): the
+//     floor of a wait that parks a goroutine instead of blocking a thread,
+//     as the wake hub does.
 //   - copy/memcpy: single-core copy() of a hot buffer to another, in this
 //     process: what any transport that copies pays per byte.
 //   - stream/pipeline/{cached,nt,best}: two threads streaming through a
@@ -27,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 	"slices"
 	"sync/atomic"
@@ -39,9 +44,9 @@ import (
 func init() {
 	register(&Suite{
 		Name: "floor",
-		Doc:  "cross-process cache-line and futex round trips, single-core copy() bandwidth, two-core pipeline bandwidth",
+		Doc:  "cross-process cache-line, futex and netpoller round trips, single-core copy() bandwidth, two-core pipeline bandwidth",
 		Run:  runFloor,
-		Rows: func(env *Env) int { return len(env.plan.copySizes) + 3*len(env.plan.pipeSizes) + 4 },
+		Rows: func(env *Env) int { return len(env.plan.copySizes) + 3*len(env.plan.pipeSizes) + 5 },
 	})
 	registerPeer("floor", floorPeer)
 }
@@ -120,12 +125,12 @@ func runFloor(ctx context.Context, env *Env) (recs []Record, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := startPeer(env, "floor", seg)
+	pp, p, err := startFloorPeer(env, seg)
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
-		if cerr := p.close(); err == nil {
+		if cerr := errors.Join(p.close(), pp.close()); err == nil {
 			err = cerr
 		}
 	}()
@@ -141,8 +146,13 @@ func runFloor(ctx context.Context, env *Env) (recs []Record, err error) {
 		}
 		recs = append(recs, env.Report(r)...)
 	}
+	lat, err := netpollRTT(ctx, env, p, &pp)
+	if err != nil {
+		return recs, fmt.Errorf("netpoll: %w", err)
+	}
+	recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "netpoll", Size: 1, Lat: lat})...)
 
-	lat, err := cachelineRTT(ctx, env, p, w)
+	lat, err = cachelineRTT(ctx, env, p, w)
 	if err != nil {
 		return recs, fmt.Errorf("cacheline: %w", err)
 	}
@@ -297,23 +307,54 @@ func futexRounds(ctx context.Context, env *Env, p *peer, w floorWords, pin, cond
 	})
 }
 
+// startFloorPeer starts the floor suite's peer on seg, with the pipes of
+// the netpoll ping-pong (fds firstSegFd+1 and +2 in the peer).
+func startFloorPeer(env *Env, seg *shm.Segment) (pollPipes, *peer, error) {
+	pp, child, err := newPollPipes()
+	if err != nil {
+		return pollPipes{}, nil, err
+	}
+	f, err := seg.File()
+	if err != nil {
+		closeFiles(child)
+		pp.close()
+		return pollPipes{}, nil, err
+	}
+	p, err := startPeerFiles(env, "floor", append([]*os.File{f}, child...)...)
+	if err != nil {
+		pp.close()
+		return pollPipes{}, nil, err
+	}
+	return pp, p, nil
+}
+
 // floorRef is the floor suite's peer and shared words, for a reference
 // measured interleaved with another suite's case.
 type floorRef struct {
-	refPeer
-	w floorWords
+	seg *shm.Segment
+	p   *peer
+	w   floorWords
+	pp  pollPipes
 }
 
 func startFloorRef(env *Env) (*floorRef, error) {
-	r := &floorRef{}
-	err := r.start(env, "floor", kindBenchFloor, floorSegSize, func(seg *shm.Segment) (err error) {
-		r.w, err = mapFloorWords(seg)
-		return err
-	})
+	seg, err := shm.CreateSegment("bench-floor", kindBenchFloor, floorSegSize)
 	if err != nil {
 		return nil, err
 	}
+	r := &floorRef{seg: seg}
+	if r.w, err = mapFloorWords(seg); err == nil {
+		r.pp, r.p, err = startFloorPeer(env, seg)
+	}
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
 	return r, nil
+}
+
+func (r *floorRef) close() error {
+	return errors.Join(r.p.close(), r.pp.close(), r.seg.Close())
 }
 
 // refPeer is another suite's peer with its segment: a reference measured
@@ -321,25 +362,6 @@ func startFloorRef(env *Env) (*floorRef, error) {
 type refPeer struct {
 	seg *shm.Segment
 	p   *peer
-}
-
-// start creates role's segment, lets mapSeg take what it needs from it,
-// and starts role's peer on it.
-func (r *refPeer) start(env *Env, role string, kind uint32, size int, mapSeg func(*shm.Segment) error) error {
-	seg, err := shm.CreateSegment("bench-"+role, kind, size)
-	if err != nil {
-		return err
-	}
-	if err := mapSeg(seg); err != nil {
-		seg.Close()
-		return err
-	}
-	if r.p, err = startPeer(env, role, seg); err != nil {
-		seg.Close()
-		return err
-	}
-	r.seg = seg
-	return nil
 }
 
 func (r *refPeer) close() error {
@@ -420,8 +442,12 @@ func floorPeer(pc *peerConn) error {
 	if err != nil {
 		return err
 	}
+	pp := openPollPipes(firstSegFd + 1)
+	defer pp.close()
 	return pc.serve(func(cmd ctlMsg) error {
 		switch cmd.Op {
+		case "netpoll":
+			return servePollPipes(pc, &pp)
 		case "cacheline":
 			if err := pc.ready(); err != nil {
 				return err

@@ -10,10 +10,11 @@ package main
 //     the peer copies each one out into a private buffer and releases it.
 //     Bandwidth counts payload bytes from the first record to the peer's
 //     acknowledgement of the last.
-//   - pingpong/cacheline (8 B) and pingpong/futex (4 B): the floor suite's
-//     ping-pongs, run by the floor's peer in rounds alternating with the
-//     ring's 8 B busy and block ping-pongs: the references of this suite's
-//     latency targets, measured in the same minutes as what they divide.
+//   - pingpong/cacheline (8 B), pingpong/futex (4 B) and pingpong/netpoll
+//     (1 B): the floor suite's ping-pongs, run by the floor's peer in rounds
+//     alternating with the ring's 8 B busy and block ping-pongs: the
+//     references of this suite's latency targets, measured in the same
+//     minutes as what they divide.
 
 import (
 	"context"
@@ -36,10 +37,11 @@ func init() {
 		Run:  runRing,
 		Rows: func(env *Env) int {
 			refs := 0 // the targets' interleaved references
-			for _, sizes := range [][]int{env.plan.pingSizes, env.plan.blockSizes} {
-				if slices.Contains(sizes, refSize) {
-					refs++
-				}
+			if slices.Contains(env.plan.pingSizes, refSize) {
+				refs++ // the cache line
+			}
+			if slices.Contains(env.plan.blockSizes, refSize) {
+				refs += 2 // the futex pair and the netpoller's
 			}
 			return len(env.plan.pingSizes) + len(env.plan.blockSizes) + len(env.plan.streamSizes) + refs
 		},
@@ -158,8 +160,11 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 			// pinned futex wake-up for blocking) between two other
 			// processes on the same CPUs: the vCPUs' placement changes
 			// both severalfold from minute to minute.
-			rsmp := newSampler(m.max)
+			// Sleeping, the futex pair and the netpoller's (a ring parks
+			// its goroutine through the wake hub, in the netpoller).
+			rsmp, nsmp := newSampler(m.max), newSampler(m.max)
 			rsmp.start(0)
+			nsmp.start(0)
 			warm, budget, laps := m.warm/ringRefRounds, m.budget/ringRefRounds, m.max/ringRefRounds
 			for range ringRefRounds {
 				if err := ringPingPong(ctx, env, p, rr, m.mode, size, warm, budget, laps, smp); err != nil {
@@ -169,6 +174,9 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 					err = cachelineRounds(ctx, env, ref.p, ref.w, warm, budget, laps, rsmp)
 				} else {
 					err = futexRounds(ctx, env, ref.p, ref.w, true, false, warm, budget, laps, rsmp)
+					if err == nil {
+						err = netpollRounds(ctx, env, ref.p, &ref.pp, warm, budget, laps, nsmp)
+					}
 				}
 				if err != nil {
 					return recs, fmt.Errorf("reference of pingpong %s %d B: %w", m.mode, size, err)
@@ -181,6 +189,10 @@ func runRing(ctx context.Context, env *Env) (recs []Record, err error) {
 				refRow.Transport, refRow.Size = "futex", 4
 			}
 			recs = append(recs, env.Report(refRow)...)
+			if m.mode != shm.WaitBusyPoll {
+				recs = append(recs, env.Report(Result{Case: "pingpong", Transport: "netpoll", Size: 1,
+					Lat: summarize(nsmp.result())})...)
+			}
 		}
 	}
 	for _, size := range env.plan.streamSizes {
