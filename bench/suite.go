@@ -291,7 +291,7 @@ func fullPlan() plan {
 		blockSizes:  pow2Sizes(8, 64*kiB, 2),
 		streamSizes: pow2Sizes(64, miB, 4),
 		copySizes:   pow2Sizes(4*kiB, 256*miB, 4),
-		pipeSizes:   []int{miB, 4 * miB, 16 * miB},
+		pipeSizes:   []int{64 * kiB, miB, 4 * miB, 16 * miB},
 		bwChunks:    5,
 
 		connPingSizes:   []int{8, 64, 512, 4 * kiB, 16 * kiB, 64 * kiB, 256 * kiB, miB, 4 * miB, 16 * miB},
@@ -308,7 +308,7 @@ func quickPlan() plan {
 		blockSizes:  []int{8, 4 * kiB, 64 * kiB},
 		streamSizes: []int{64, kiB, 16 * kiB, 64 * kiB, miB},
 		copySizes:   []int{4 * kiB, 64 * kiB, miB, 16 * miB, 256 * miB},
-		pipeSizes:   []int{miB, 16 * miB},
+		pipeSizes:   []int{64 * kiB, miB, 16 * miB},
 		bwChunks:    3,
 
 		connPingSizes:   []int{8, 64, 4 * kiB, 64 * kiB, miB},
