@@ -3,6 +3,8 @@ package sockets
 import (
 	"bytes"
 	"io"
+	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -71,5 +73,84 @@ func TestReadFastPathFault(t *testing.T) {
 	// the good Read took: no fast take counted.
 	if got := s.(*Conn).Stats().InlineTakes; got != before {
 		t.Errorf("InlineTakes went from %d to %d, want no fast take", before, got)
+	}
+}
+
+// waitingRead starts a Read of s into b and returns once it waits in the
+// completion queue (Stats.Sleeps grew), with a channel for its result.
+func waitingRead(t *testing.T, s net.Conn, b []byte) chan readResult {
+	t.Helper()
+	sc := s.(*Conn)
+	sleeps := sc.Stats().Sleeps
+	done := make(chan readResult, 1)
+	go func() {
+		n, err := s.Read(b)
+		done <- readResult{n, err}
+	}()
+	for sc.Stats().Sleeps == sleeps {
+		runtime.Gosched()
+	}
+	return done
+}
+
+type readResult struct {
+	n   int
+	err error
+}
+
+// TestReadAfterWaitFastPath: a Read that waited for its message takes it
+// straight from the ring once its wait sees it (InlineTakes), not through
+// the receive queue, whichever way it waits.
+func TestReadAfterWaitFastPath(t *testing.T) {
+	for _, mode := range []string{"busy", "block", "adaptive"} {
+		t.Run(mode, func(t *testing.T) {
+			c, s := pipe(t, benchConfigs[mode], benchConfigs[mode])
+			s.SetReadDeadline(time.Now().Add(10 * time.Second)) // a lost message fails, not hangs
+			buf := make([]byte, 1000)
+			before := s.(*Conn).Stats().InlineTakes
+			done := waitingRead(t, s, buf)
+			msg := bytes.Repeat([]byte{7}, 300)
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil || r.n != len(msg) || !bytes.Equal(buf[:r.n], msg) {
+				t.Fatalf("Read: %d bytes, %v; want the message", r.n, r.err)
+			}
+			if got := s.(*Conn).Stats().InlineTakes; got == before {
+				t.Error("the waiting Read took its message through the receive queue")
+			}
+		})
+	}
+}
+
+// TestReadAfterWaitFault: a Read that waited, and whose buffer faults
+// while it copies the message its wait found, fails with EFAULT, and the
+// message is not lost.
+func TestReadAfterWaitFault(t *testing.T) {
+	c, s := pipe(t, benchConfigs["busy"], benchConfigs["busy"])
+	page := sys.PageSize
+	region, err := sys.MapAnon(2 * page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.MunmapRange(sys.Addr(region), uintptr(len(region)))
+	if err := unmapHole(sys.Addr(region)+uintptr(page), page); err != nil {
+		t.Fatal(err)
+	}
+	bad := region[page-1000 : page+1000] // 1000 bytes before the hole, and the hole
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	done := waitingRead(t, s, bad)
+	msg := make([]byte, 2000)
+	fillStream(msg, 0)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if ferr := isFault((<-done).err, "read"); ferr != nil {
+		t.Fatal(ferr)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("after the fault: %v, the message intact: %v", err, bytes.Equal(got, msg))
 	}
 }
