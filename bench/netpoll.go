@@ -18,8 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sandirect/sandirect/internal/sys"
 )
 
@@ -54,7 +52,7 @@ func newPollPipes() (parent pollPipes, child []*os.File, err error) {
 		sys.Close(pingW)
 		return pollPipes{}, nil, fmt.Errorf("pipe: %w", err)
 	}
-	wake, err := unix.FcntlInt(uintptr(pongW), unix.F_DUPFD_CLOEXEC, 0)
+	wake, err := sys.Dup(pongW)
 	if err != nil {
 		for _, fd := range []int{pingR, pingW, pongR, pongW} {
 			sys.Close(fd)
@@ -116,7 +114,7 @@ func netpollRounds(ctx context.Context, env *Env, p *peer, pp *pollPipes, warm i
 					break
 				}
 			}
-			_, err := unix.Write(pp.outFd, []byte{pollStop})
+			_, err := pp.out.Write([]byte{pollStop})
 			return err
 		})
 	})
