@@ -38,6 +38,22 @@ func TestReadFastPath(t *testing.T) {
 	}
 }
 
+// holeyBuffer returns 2000 bytes of memory whose second half is an
+// unmapped page: 1000 good bytes, then the hole.
+func holeyBuffer(t *testing.T) []byte {
+	t.Helper()
+	page := sys.PageSize
+	region, err := sys.MapAnon(2 * page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sys.MunmapRange(sys.Addr(region), uintptr(len(region))) })
+	if err := unmapHole(sys.Addr(region)+uintptr(page), page); err != nil {
+		t.Fatal(err)
+	}
+	return region[page-1000 : page+1000]
+}
+
 // TestReadFastPathFault: a Read whose buffer faults while the fast path
 // copies a message into it fails with EFAULT, and the message is not
 // lost: a Read into good memory gets all of it.
@@ -48,20 +64,10 @@ func TestReadFastPathFault(t *testing.T) {
 	if _, err := c.Write(msg); err != nil {
 		t.Fatal(err)
 	}
-	page := sys.PageSize
-	region, err := sys.MapAnon(2 * page)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.MunmapRange(sys.Addr(region), uintptr(len(region)))
-	if err := unmapHole(sys.Addr(region)+uintptr(page), page); err != nil {
-		t.Fatal(err)
-	}
-	// 1000 bytes before the hole, and the hole.
-	bad := region[page-1000 : page+1000]
+	bad := holeyBuffer(t)
 	before := s.(*Conn).Stats().InlineTakes
 	s.SetReadDeadline(time.Now().Add(10 * time.Second)) // a lost message fails, not hangs
-	_, err = s.Read(bad)
+	_, err := s.Read(bad)
 	if ferr := isFault(err, "read"); ferr != nil {
 		t.Fatal(ferr)
 	}
@@ -129,16 +135,7 @@ func TestReadAfterWaitFastPath(t *testing.T) {
 // message is not lost.
 func TestReadAfterWaitFault(t *testing.T) {
 	c, s := pipe(t, benchConfigs["busy"], benchConfigs["busy"])
-	page := sys.PageSize
-	region, err := sys.MapAnon(2 * page)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.MunmapRange(sys.Addr(region), uintptr(len(region)))
-	if err := unmapHole(sys.Addr(region)+uintptr(page), page); err != nil {
-		t.Fatal(err)
-	}
-	bad := region[page-1000 : page+1000] // 1000 bytes before the hole, and the hole
+	bad := holeyBuffer(t)
 	s.SetReadDeadline(time.Now().Add(10 * time.Second))
 	done := waitingRead(t, s, bad)
 	msg := make([]byte, 2000)
