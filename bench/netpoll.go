@@ -5,7 +5,8 @@ package main
 // read end (an *os.File) and woken by a one-byte write from the other
 // side, raw, as the wake hub signals (shm.Hub, sys.PipeSignal). It is the
 // floor of a wait that parks a goroutine and holds no thread, which is how
-// the rings, the nic and the sockets layer sleep (docs/waiting.md): what
+// the rings, the nic and the sockets layer sleep (docs/performance.md,
+// "shm: waiting"): what
 // their sleeping round trip is measured against, beside the futex pair
 // that blocks a thread.
 
