@@ -6,9 +6,8 @@ package main
 // side, raw, as the wake hub signals (shm.Hub, sys.PipeSignal). It is the
 // floor of a wait that parks a goroutine and holds no thread, which is how
 // the rings, the nic and the sockets layer sleep (docs/performance.md,
-// "shm: waiting"): what
-// their sleeping round trip is measured against, beside the futex pair
-// that blocks a thread.
+// "shm: waiting"): what their sleeping round trip is measured against,
+// beside the futex pair that blocks a thread.
 
 import (
 	"context"
