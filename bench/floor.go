@@ -331,10 +331,9 @@ func startFloorPeer(env *Env, seg *shm.Segment) (pollPipes, *peer, error) {
 // floorRef is the floor suite's peer and shared words, for a reference
 // measured interleaved with another suite's case.
 type floorRef struct {
-	seg *shm.Segment
-	p   *peer
-	w   floorWords
-	pp  pollPipes
+	refPeer
+	w  floorWords
+	pp pollPipes
 }
 
 func startFloorRef(env *Env) (*floorRef, error) {
@@ -342,7 +341,7 @@ func startFloorRef(env *Env) (*floorRef, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &floorRef{seg: seg}
+	r := &floorRef{refPeer: refPeer{seg: seg}}
 	if r.w, err = mapFloorWords(seg); err == nil {
 		r.pp, r.p, err = startFloorPeer(env, seg)
 	}
@@ -354,7 +353,7 @@ func startFloorRef(env *Env) (*floorRef, error) {
 }
 
 func (r *floorRef) close() error {
-	return errors.Join(r.p.close(), r.pp.close(), r.seg.Close())
+	return errors.Join(r.refPeer.close(), r.pp.close())
 }
 
 // refPeer is another suite's peer with its segment: a reference measured

@@ -39,10 +39,10 @@
 // spinning pays (with a Pause between looks, which leaves the loop
 // sooner once the peer's store lands), then announce in a doorbell word
 // of the segment that it sleeps — the slot of its Waiter in its
-// process's Hub — re-check, and park the goroutine (hub.go). The other side wakes it only when it sees
-// the announcement: it marks the slot in the sleeper's hub and writes to
-// the hub's pipe, which one goroutine of the sleeper's process waits on
-// in the runtime's netpoller. So a waiting goroutine holds no OS thread,
+// process's Hub — re-check, and park the goroutine (hub.go). The other
+// side wakes it only when it sees the announcement: it marks the slot in
+// the sleeper's hub and writes to the hub's pipe, which one goroutine of
+// the sleeper's process waits on in the runtime's netpoller. So a waiting goroutine holds no OS thread,
 // and a busy connection makes no system call. Both the announcement and
 // the check are sequentially consistent atomics, so no wake-up is lost.
 // Busy-poll and block-only are modes of the same mechanism.
