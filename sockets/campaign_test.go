@@ -183,7 +183,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func (c *Conn) debugState() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := fmt.Sprintf("sent %d peerAck %d peerWin %d | recv %d consumed %d ackSent %d win %d owed %d | ctlq %v inPos %d relPos %d held %d polling %v sleeping %v pumping %v | rd %+v | wtx ", c.sent, c.peerAck, c.peerWindow, c.received, c.consumed, c.ackSent, c.window, c.owed, c.ctlq, c.inPos, c.relPos, c.heldN, c.polling, c.sleeping, c.pumping, c.rd)
+	s := fmt.Sprintf("sent %d peerAck %d peerWin %d | recv %d consumed %d ackSent %d win %d owedAt %d | ctlq %v inPos %d relPos %d held %d polling %v sleeping %v pumping %v | rd %+v | wtx ", c.sent.load(), c.peerAck.load(), c.peerWindow, c.received, c.consumed, c.ackSent.load(), c.window, c.owedAt, c.ctlq, c.inPos, c.relPos, c.heldN, c.polling, c.sleeping, c.pumping, c.rd)
 	if c.wtx != nil {
 		x := *c.wtx
 		x.src, x.temp = nil, nil

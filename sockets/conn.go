@@ -49,12 +49,52 @@ type Conn struct {
 	// buffer (fastread.go): endRead queues it if the copy faults.
 	fast fastTake
 
-	mu lockrank.Mutex // guards everything below
+	mu connMu // guards everything below (see connMu for which half)
 	// The gates serialize Reads (rg: Read, WriteTo's lends) and Writes (wg:
 	// Write, CloseWrite, ReadFrom's writes) for their whole call, waits
-	// included; teardown holds both, and Close passes through them.
+	// included; teardown holds both, and Close passes through them. rg is
+	// the receive side's (mu.recv guards it), wg the send side's.
 	rg, wg gate
 	session
+}
+
+// connMu is the session's lock, one mutex per direction (docs/duplex.md).
+// Lock and Unlock take and release both, receive side first: every path
+// of the session runs under both, except the two fast paths, each under
+// its own half alone, so that a Read and a Write in different goroutines
+// go ahead without waiting for each other:
+//   - a Write whose data messages the credits it holds carry now
+//     (writeFastLocked) holds send: the ring to the peer, what we sent and
+//     the acks it carried, the write gate;
+//   - a Read that takes data messages from the ring (readFastLocked) holds
+//     recv: the ring from the peer and its read and release positions,
+//     the receive queue, the poller's role, the read gate.
+//
+// What one half's fast path writes and the other's reads crosses in
+// published words (session.sent, ackSent, peerAck, ackPub: pub32). Every
+// other field is written only under both halves, so either half alone may
+// read it. A fast Read that meets anything else — a control message, a
+// credit due, a failure — takes send too (upgradeLocked; the order allows
+// it); a fast Write gives send back and takes both.
+type connMu struct {
+	recv, send lockrank.Mutex
+}
+
+func (m *connMu) init() {
+	m.recv.Init(lockrank.ConnRecv)
+	m.send.Init(lockrank.ConnSend)
+}
+
+// Lock takes both halves.
+func (m *connMu) Lock() {
+	m.recv.Lock()
+	m.send.Lock()
+}
+
+// Unlock releases both halves.
+func (m *connMu) Unlock() {
+	m.send.Unlock()
+	m.recv.Unlock()
 }
 
 // A gate lets one call of a direction in at a time, across the waits in
@@ -69,7 +109,7 @@ type gate struct {
 
 // enterLocked takes g, first waiting until it is free (mu released in the
 // meantime); the caller holds mu, and holds it again when it returns.
-func (g *gate) enterLocked(mu *lockrank.Mutex) {
+func (g *gate) enterLocked(mu *connMu) {
 	if g.busy {
 		g.wait(mu)
 	}
@@ -77,7 +117,7 @@ func (g *gate) enterLocked(mu *lockrank.Mutex) {
 }
 
 // wait waits until g is free, mu released in the meantime.
-func (g *gate) wait(mu *lockrank.Mutex) {
+func (g *gate) wait(mu *connMu) {
 	for g.busy {
 		if g.free == nil {
 			g.free = make(chan struct{})
@@ -269,8 +309,16 @@ func (c *Conn) deliveredLocked() bool {
 
 // read is Read without the error wrapping.
 func (c *Conn) read(b []byte) (n int, err error) {
-	c.mu.Lock()
-	c.rg.enterLocked(&c.mu)
+	// The receive half alone (connMu): a Read that finds its data in the
+	// ring takes it without the send half, which a Write in another
+	// goroutine may hold.
+	c.mu.recv.Lock()
+	c.recvOnly = true
+	if c.rg.busy {
+		c.upgradeLocked()
+		c.rg.wait(&c.mu)
+	}
+	c.rg.busy = true
 	c.readN = 0
 	// One return here keeps the defer open-coded: with readLoopLocked's
 	// many returns it was a stack-allocated record, run through the
@@ -281,7 +329,32 @@ func (c *Conn) read(b []byte) (n int, err error) {
 	if k, ok := c.readFastLocked(b); ok {
 		return k, nil
 	}
+	if len(b) > 0 && !c.polling && c.fastReadyLocked() {
+		// Nothing came yet and nothing else is pending: the wait is all
+		// there is to do, and it takes what it finds the fast way,
+		// still without the send half (progressLocked's leave).
+		perr := c.progressLocked(c.rounds, &c.rdl, true, true)
+		if perr == nil {
+			if k, ok := c.readFastLocked(b); ok {
+				return k, nil
+			}
+		}
+		// The general path looks again: the error it finds comes from
+		// the state (a deadline, Close, the end).
+	}
+	c.upgradeLocked()
 	return c.readLoopLocked(b)
+}
+
+// unlockHeld releases what the caller holds of Conn.mu: both halves, or
+// the receive half alone (recvOnly).
+func (c *Conn) unlockHeld() {
+	if c.recvOnly {
+		c.recvOnly = false
+		c.mu.recv.Unlock()
+		return
+	}
+	c.mu.Unlock()
 }
 
 // readLoopLocked is read with c.mu held.
@@ -314,7 +387,8 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 		m, wait, err := c.readLocked(b, n)
 		n = m
 		if c.consumed != consumed {
-			c.pumpLocked() // credit for what was consumed
+			c.releaseLocked() // ring space, and the ack a fast Write carries
+			c.pumpLocked()    // credit for what was consumed
 		}
 		switch {
 		case err != nil:
@@ -341,11 +415,13 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 		perr := c.progressLocked(c.rounds, dl, !direct, fast)
 		if fast && perr == nil {
 			// What the wait found is in the ring still, if the fast
-			// path may take it (progressLocked's leave).
+			// path may take it (progressLocked's leave), which may
+			// have returned with mu's receive half alone.
 			if k, ok := c.readFastLocked(b); ok {
 				return k, nil
 			}
 		}
+		c.upgradeLocked()
 		if perr != nil && !direct {
 			if n > 0 {
 				return n, nil
@@ -357,10 +433,21 @@ func (c *Conn) readLoopLocked(b []byte) (int, error) {
 
 // write is Write without the error wrapping.
 func (c *Conn) write(b []byte) (n int, err error) {
-	c.mu.Lock()
-	c.wg.enterLocked(&c.mu)
+	// The send half alone (connMu) when the credits we hold carry all of
+	// b now; otherwise both, and the write gate.
+	c.mu.send.Lock()
+	if !c.wg.busy && c.fastWritableLocked(len(b)) {
+		c.sendOnly = true
+	} else {
+		c.mu.send.Unlock()
+		c.mu.Lock()
+		c.wg.enterLocked(&c.mu)
+	}
 	c.writeN = 0
 	defer c.endWrite(b, debug.SetPanicOnFault(true), &n, &err) // fault.go
+	if c.sendOnly {
+		return c.writeFastLocked(b)
+	}
 	if err := c.writableLocked(); err != nil {
 		return 0, err
 	}
@@ -385,6 +472,58 @@ func (c *Conn) write(b []byte) (n int, err error) {
 		} else {
 			m, err = c.sendLargeLocked(rest)
 		}
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// fastWritableLocked tells whether a write of n bytes may take the fast
+// path, under the send half alone: the connection writable, and data
+// messages that the credits we hold carry all of now (fitsLocked), so that
+// it never waits.
+func (c *Conn) fastWritableLocked(n int) bool {
+	if n <= 0 || c.closed || c.err != nil || c.qpDead || c.wclosed || c.wdl.expired.Load() { // writableLocked
+		return false
+	}
+	if n <= c.maxPayload {
+		return len(c.ctlq) == 0 && c.canSendLocked(classData) // one message
+	}
+	return n <= c.cfg.EagerThreshold && c.fitsLocked(n)
+}
+
+// writeFastLocked writes b as data messages under the send half alone
+// (sendOnly). What it cannot handle there — a queue pair that failed
+// under it, a peer that broke the credit rules — it leaves to the general
+// path: it takes both halves, keeping the write gate so that no other
+// Write comes between its messages, and goes on there.
+func (c *Conn) writeFastLocked(b []byte) (n int, err error) {
+	c.bigWrite, c.waitedWrite = false, false
+	for n < len(b) {
+		c.writeN = n
+		m, err := c.sendDataLocked(b[n:])
+		n += m
+		if err == errNeedBoth {
+			c.wg.busy = true
+			c.sendOnly = false
+			c.mu.send.Unlock()
+			c.mu.Lock()
+			return c.writeEagerLocked(b, n)
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// writeEagerLocked writes b from n on as data messages.
+func (c *Conn) writeEagerLocked(b []byte, n int) (int, error) {
+	for n < len(b) {
+		c.writeN = n
+		m, err := c.sendDataLocked(b[n:])
 		n += m
 		if err != nil {
 			return n, err

@@ -8,7 +8,7 @@ import "os"
 // for credits.
 
 // credits returns how many more messages the peer can take now.
-func (c *Conn) creditsLocked() uint32 { return c.peerWindow - (c.sent - c.peerAck) }
+func (c *Conn) creditsLocked() uint32 { return c.peerWindow - (c.sent.load() - c.peerAck.load()) }
 
 // Message classes: how many credits a message needs. Data keeps two
 // credits back, a control message one, so that data can never starve
@@ -73,7 +73,7 @@ func (c *Conn) ackBoundLocked() uint32 {
 func (c *Conn) consumeLocked(credit bool) {
 	c.consumed++
 	if !credit {
-		c.owed++
+		c.owedAt = c.consumed
 	}
 }
 
@@ -87,16 +87,20 @@ func (c *Conn) creditedLocked(h *header) bool { return c.creditLocked(h.Type(), 
 // creditLocked is creditedLocked of a message of type t carrying ack.
 func (c *Conn) creditLocked(t msgType, ack uint32) bool {
 	limit := c.window - uint32(classOf(t)) + 1
-	if c.received-c.ackSent >= limit {
-		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-c.ackSent+1, c.window))
+	ackSent := c.ackSent.load()
+	if c.received-ackSent >= limit {
+		c.upgradeLocked()
+		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-ackSent+1, c.window))
 		return false
 	}
 	c.received++
-	if ack-c.peerAck > c.sent-c.peerAck {
-		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, c.sent, c.peerAck))
+	peerAck, sent := c.peerAck.load(), c.sent.load()
+	if ack-peerAck > sent-peerAck {
+		c.upgradeLocked()
+		c.abortLocked(protoErr("ack %d of messages never sent (sent %d, acked %d)", ack, sent, peerAck))
 		return false
 	}
-	c.peerAck = ack
+	c.peerAck.store(ack)
 	return true
 }
 
@@ -110,6 +114,9 @@ func (c *Conn) waitSendLocked() error {
 		}
 		if len(c.ctlq) == 0 && c.canSendLocked(classData) {
 			return nil // the data message carries our ack: no credit message first
+		}
+		if c.sendOnly {
+			return errNeedBoth // a fast Write never waits (fastWritableLocked)
 		}
 		c.pumpLocked()
 		if len(c.ctlq) == 0 && c.canSendLocked(classData) {

@@ -48,6 +48,7 @@ func (c *Conn) drainLocked() bool {
 func (c *Conn) nextMsgLocked() (data []byte, start uint64, ok bool) {
 	data, end, ok, err := c.qp.RecvInPlace()
 	if err != nil {
+		c.upgradeLocked() // a fast Read: the end is the general path's
 		c.ringEndLocked(err)
 		return nil, 0, false
 	}

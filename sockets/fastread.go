@@ -38,8 +38,9 @@ func (c *Conn) readFastLocked(b []byte) (n int, ok bool) {
 		c.polling = false
 		return 0, false
 	}
-	c.releaseLocked() // the ring space of what was read
-	c.pumpLocked()    // and its credit, when due
+	hook(stepDataTaken)
+	c.releaseLocked()  // the ring space of what was read
+	c.pumpReadLocked() // and its credit, when due
 	c.endPollLocked()
 	if n == 0 {
 		return 0, false // what came is queued for the general path
@@ -105,12 +106,11 @@ func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
 	default:
 		err = errNotData
 	}
-	if err != nil {
-		c.onRecvLocked(msg, start) // it aborts, or handles what is not data
-		return false
-	}
-	if len(payload) > len(dst) {
-		c.onRecvLocked(msg, start) // it queues the data
+	if err != nil || len(payload) > len(dst) {
+		// It aborts, handles what is not data, or queues the data: the
+		// general path's work, under both halves of Conn.mu.
+		c.upgradeLocked()
+		c.onRecvLocked(msg, start)
 		return false
 	}
 	c.stats.count(cMsgsReceived, 1)

@@ -47,19 +47,26 @@ func (c *Conn) endRead(b []byte, old bool, n *int, err *error) {
 		ferr := faultIn(r, b, "read")
 		if ferr == nil {
 			c.rg.leaveLocked()
-			c.mu.Unlock()
+			c.unlockHeld()
 			panic(r)
 		}
-		c.abandonSendLocked()
+		if !c.recvOnly {
+			c.abandonSendLocked()
+		}
 		*n, *err = c.readN, ferr
 	}
 	if *n > 0 {
-		// Under mu: WriteTo's lends count it too (stats: one writer).
+		// Under the receive half: WriteTo's lends count it too (stats:
+		// one writer).
 		c.stats.count(cBytesRead, uint64(*n))
 	}
-	c.ensurePumpLocked()
+	if !c.recvOnly {
+		// A fast Read queued nothing: what it had to send it sent under
+		// both halves (pumpReadLocked).
+		c.ensurePumpLocked()
+	}
 	c.rg.leaveLocked()
-	c.mu.Unlock()
+	c.unlockHeld()
 }
 
 // endWrite is endRead for a Write from b.
@@ -68,14 +75,26 @@ func (c *Conn) endWrite(b []byte, old bool, n *int, err *error) {
 	if r := recover(); r != nil {
 		ferr := faultIn(r, b, "write")
 		if ferr == nil {
-			c.wg.leaveLocked()
-			c.mu.Unlock()
+			c.unlockWrite()
 			panic(r)
 		}
 		c.abandonSendLocked()
 		*n, *err = c.writeN, ferr
 	}
-	c.ensurePumpLocked()
+	if !c.sendOnly {
+		c.ensurePumpLocked() // a fast Write queues nothing
+	}
+	c.unlockWrite()
+}
+
+// unlockWrite releases what a Write holds: the send half of Conn.mu
+// (sendOnly), or the write gate and both halves.
+func (c *Conn) unlockWrite() {
+	if c.sendOnly {
+		c.sendOnly = false
+		c.mu.send.Unlock()
+		return
+	}
 	c.wg.leaveLocked()
 	c.mu.Unlock()
 }

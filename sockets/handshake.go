@@ -142,7 +142,7 @@ func newConn(d *device, qp *nic.QueuePair, cq *nic.CompletionQueue, cfg Config, 
 		owner: nic.Owner(nextOwner.Add(1)),
 	}
 	c.lendMu.Init(lockrank.ConnLend)
-	c.mu.Init(lockrank.Conn)
+	c.mu.init()
 	c.rdl.init()
 	c.wdl.init()
 	c.stats.register()

@@ -10,6 +10,7 @@ type step string
 const (
 	stepNone            step = ""                  // no step: hook does nothing
 	stepDataSent        step = "data-sent"         // a data message of a Write went out; more may follow
+	stepDataTaken       step = "data-taken"        // a Read's fast path copied data messages out of the ring, not yet released
 	stepRTSSent         step = "rts-sent"          // an rts went out; its source is registered
 	stepBeforeWrite     step = "before-rdma-write" // write rendezvous: a cts is served next, no byte written yet
 	stepBeforeWriteDone step = "before-write-done" // write rendezvous: the RDMA Write completed, its done not sent
@@ -21,7 +22,8 @@ const (
 )
 
 // testHook is nil except in tests, which set it before any connection
-// exists. It is called at each step with Conn.mu held.
+// exists. It is called at each step with Conn.mu held: a fast path's
+// half of it, or both.
 var testHook func(step)
 
 // testHookHandshake, if set, runs before each handshake of a listener

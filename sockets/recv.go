@@ -27,9 +27,17 @@ import (
 // data on each of those cost a copy and an allocation per message
 // (docs/performance.md, "Both directions at once").
 func (c *Conn) releaseLocked() {
-	if c.torn || c.relPos == c.inPos {
+	if c.torn {
 		return
 	}
+	if c.relPos != c.inPos {
+		c.releaseRingLocked()
+	}
+	c.ackPub.store(c.ackableLocked()) // for a fast Write's messages
+}
+
+// releaseRingLocked is releaseLocked's release of ring space.
+func (c *Conn) releaseRingLocked() {
 	to := c.inPos
 	if e := c.firstHeldLocked(); e != nil {
 		to = e.start

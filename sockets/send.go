@@ -20,10 +20,17 @@ import (
 // sendLocked sends one control message built from h and payload; the
 // caller checked canSendLocked. It fills in the ack.
 func (c *Conn) sendLocked(h *header, payload []byte) error {
-	// The ack below gives the peer credit for what we are done with:
-	// their ring space must be free first.
-	c.releaseLocked()
-	ack := c.ackableLocked()
+	var ack uint32
+	if c.sendOnly {
+		// A fast Write, which holds no receive side to release ring
+		// space with: the ack published at the last release.
+		ack = c.ackPub.load()
+	} else {
+		// The ack below gives the peer credit for what we are done with:
+		// their ring space must be free first.
+		c.releaseLocked()
+		ack = c.ackableLocked()
+	}
 	h.SetAck(ack)
 	hl := headerSize
 	if h.Type() == msgShort {
@@ -37,6 +44,9 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	// messages); a peer that lies about what it released runs out of it.
 	buf, err := c.qp.ReserveSend(n)
 	if err != nil {
+		if c.sendOnly {
+			return errNeedBoth // the general path fails the connection
+		}
 		if errors.Is(err, nic.ErrRingFull) {
 			c.abortLocked(protoErr("no room in the ring with %d credits left: the peer holds what it acknowledged", c.creditsLocked()))
 			return c.writableLocked()
@@ -54,26 +64,36 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	c.reserved = true
 	mem.CopyShared(buf[hl:], payload)
 	c.reserved = false
+	// Published before the commit (pub32): the peer's answer to this
+	// message may reach the receive side at once.
+	sent, ackSent := c.sent.load()+1, c.ackSent.load()
+	c.sent.store(sent)
+	c.ackSent.store(ack)
 	if err := c.qp.CommitSend(n); err != nil {
+		c.sent.store(sent - 1)
+		c.ackSent.store(ackSent)
+		if c.sendOnly {
+			return errNeedBoth
+		}
 		c.sendFailedLocked(err)
 		return c.writableLocked()
 	}
 	if c.replyLook {
 		c.replyDue.Store(true) // a locked instruction: only where it is read
 	}
-	c.sent++
 	if h.Type() != msgCredit {
-		c.lastNonCredit = c.sent
+		c.lastNonCredit = sent
 	} else {
 		c.stats.count(cCreditMsgs, 1)
-	}
-	c.ackSent = ack
-	if ack == c.consumed {
-		c.owed = 0
 	}
 	c.stats.count(cMsgsSent, 1)
 	return nil
 }
+
+// errNeedBoth: a fast Write met what only the general path handles (a
+// failure of the queue pair, a peer that broke the credit rules); it
+// goes on there, with both halves of Conn.mu.
+var errNeedBoth = errors.New("needs the general path")
 
 // queueCtlLocked queues a control message; pumpLocked sends it when a
 // credit allows, in order.
@@ -85,7 +105,7 @@ func (c *Conn) queueCtlLocked(m ctlMsg) {
 // pumpLocked sends queued control messages and an explicit credit
 // message when one is due.
 func (c *Conn) pumpLocked() {
-	if len(c.ctlq) == 0 && c.consumed == c.ackSent {
+	if len(c.ctlq) == 0 && c.consumed == c.ackSent.load() {
 		// Nothing queued, and nothing to acknowledge: what an ack may
 		// carry (ackableLocked) is at most what was consumed, and acks
 		// only grow. The common case on every Read and Write.
@@ -109,12 +129,27 @@ func (c *Conn) pumpLocked() {
 	if len(c.ctlq) == 0 {
 		c.ctlq = c.ctlq[:0]
 	}
+	if c.creditDueLocked() && c.canSendLocked(classCredit) {
+		var h header
+		h.SetType(msgCredit)
+		c.sendLocked(&h, nil)
+	}
+}
+
+// creditDueLocked tells whether a credit message is due. It only reads:
+// a fast Read asks it under the receive half alone (pumpReadLocked).
+func (c *Conn) creditDueLocked() bool {
+	ackSent := c.ackSent.load()
+	if c.consumed == ackSent {
+		return false
+	}
 	// Return credit at half the window; or, for a consumed message other
 	// than a credit, when the peer is out of credit for control messages
 	// or closing, or we are closing (the closer waits for our ack).
-	unacked := c.ackableLocked() - c.ackSent
-	starved := c.window-(c.received-c.ackSent) < uint32(classControl)
-	due := unacked > 0 && (unacked >= c.window/2 || (c.owed > 0 && (starved || c.peerFin || c.closed)))
+	unacked := c.ackableLocked() - ackSent
+	starved := c.window-(c.received-ackSent) < uint32(classControl)
+	owed := int32(c.owedAt-ackSent) > 0
+	due := unacked > 0 && (unacked >= c.window/2 || (owed && (starved || c.peerFin || c.closed)))
 	// The peer's credit messages can eat the credits it keeps for control
 	// messages: when it is starved and an ack would give some back, and
 	// we have credits to spare (so two starved sides never trade credit
@@ -124,10 +159,15 @@ func (c *Conn) pumpLocked() {
 	if !due && unacked > 0 && starved && c.creditsLocked() > uint32(classControl) {
 		due = true
 	}
-	if due && c.canSendLocked(classCredit) {
-		var h header
-		h.SetType(msgCredit)
-		c.sendLocked(&h, nil)
+	return due
+}
+
+// pumpReadLocked is pumpLocked for a Read, which may hold the receive
+// half alone: it takes the send half only when something is to be sent.
+func (c *Conn) pumpReadLocked() {
+	if len(c.ctlq) > 0 || c.creditDueLocked() {
+		c.upgradeLocked()
+		c.pumpLocked()
 	}
 }
 

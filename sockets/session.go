@@ -36,6 +36,10 @@ type session struct {
 	polling  bool
 	sleeping bool // the poller waits in CompletionQueue.Wait
 	pumping  bool // a goroutine drives the connection for ctlq
+	// Which halves of Conn.mu the fast paths hold (connMu): recvOnly, the
+	// receive side's, is set while a Read holds recv alone; sendOnly, the
+	// send side's, while a Write holds send alone.
+	recvOnly, sendOnly bool
 	// The incoming ring (nic.QPOptions.InPlace): messages are read where
 	// they lie. inPos is the ring position after the last one taken,
 	// relPos how far the ring is given back; a message the application has
@@ -79,14 +83,20 @@ type session struct {
 
 	// Credits (see docs/protocol.md). All counts wrap at 2^32 and are
 	// compared by unsigned differences.
-	sent          uint32 // messages we sent
-	peerAck       uint32 // how many of them the peer consumed (its last ack)
+	// sent and ackSent are the send side's, peerAck and ackPub the
+	// receive side's; each is read by the other side's fast path (connMu).
+	sent          pub32  // messages we sent
+	peerAck       pub32  // how many of them the peer consumed (its last ack)
 	lastNonCredit uint32 // sent, as of our last message that was not a credit
 	received      uint32 // messages the peer sent us that arrived
 	consumed      uint32 // how many of them we are done with (read, or handled)
-	ackSent       uint32 // consumed, as of our last message (what the peer knows)
-	owed          int    // non-credit messages consumed since ackSent
-	ctlq          []ctlMsg
+	ackSent       pub32  // the ack our last message carried (what the peer knows)
+	// ackPub is the ack a message may carry now (ackableLocked), as of the
+	// last release of ring space (releaseLocked): what a fast Write, which
+	// cannot release, puts in its messages.
+	ackPub pub32
+	owedAt uint32 // consumed, as of the last message we consumed that was not a credit
+	ctlq   []ctlMsg
 
 	// Receive side.
 	// WriteTo lends a received message's bytes, where they lie in the
@@ -138,6 +148,19 @@ type session struct {
 	abortSent bool  // we sent an abort message
 	torn      bool  // registrations released
 }
+
+// pub32 is a count one side of the connection writes under its half of
+// Conn.mu and the other side's fast path reads under the other half. The
+// writer stores it with store (a plain store: stats_fast.go), the reader
+// loads it atomically. Stale reads are safe by construction: a stale
+// peerAck or ackPub only holds back credit, and sent and ackSent are stored
+// before the commit of the message that lets the peer act on them, so that
+// the receive side, which sees the peer's answer only after that commit,
+// sees them too.
+type pub32 struct{ v uint32 }
+
+// load reads the count as its writer last stored it.
+func (p *pub32) load() uint32 { return atomic.LoadUint32(&p.v) }
 
 // span is a range of memory [addr, addr+n).
 type span struct{ addr, n uintptr }
@@ -243,7 +266,9 @@ func (c *Conn) progress(gen uint32, dl *deadline, stopOnClose bool) error {
 }
 
 // progressLocked is progress called and returning with mu held; mu is
-// released while it waits. A caller that held mu since it checked its
+// released while it waits. A Read may call it holding mu's receive half
+// alone (recvOnly); it returns holding both, or, with leave, the receive
+// half alone again when the fast path may take what the wait found. A caller that held mu since it checked its
 // condition passes c.rounds as gen. Between the wait's end and the
 // dispatch of what it found mu is taken once (pollCQ), not three times
 // as a waiting Read once took it (docs/performance.md, "A waiting Read's
@@ -264,7 +289,7 @@ func (c *Conn) progressLocked(gen uint32, dl *deadline, stopOnClose, leave bool)
 			c.changed = make(chan struct{})
 		}
 		ch := c.changed
-		c.mu.Unlock()
+		c.unlockHeld()
 		var dch, cch chan struct{}
 		if dl != nil {
 			dch = dl.wait()
@@ -286,14 +311,15 @@ func (c *Conn) progressLocked(gen uint32, dl *deadline, stopOnClose, leave bool)
 	c.polling = true
 	c.interesting = false
 	k := c.kick.Load()
-	c.mu.Unlock()
+	c.unlockHeld() // both halves, or a Read's receive half
 	var err error
 	for {
 		var n int
-		n, err = c.pollCQ(dl, k) // returns with mu held
+		n, err = c.pollCQ(dl, k, leave) // returns with mu held, or its receive half
 		if leave && n == 0 && err == nil && c.fastReadyLocked() {
 			break
 		}
+		c.upgradeLocked()
 		c.dispatchPolledLocked(n)
 		// Completions of our own sends change nothing a caller waits
 		// for, unless it waits for a send buffer: poll on.
@@ -304,6 +330,16 @@ func (c *Conn) progressLocked(gen uint32, dl *deadline, stopOnClose, leave bool)
 	}
 	c.endPollLocked()
 	return err
+}
+
+// upgradeLocked makes the holder of the receive half hold both: a fast
+// Read that meets what only the general path handles (connMu). Under both
+// it does nothing.
+func (c *Conn) upgradeLocked() {
+	if c.recvOnly {
+		c.mu.send.Lock()
+		c.recvOnly = false
+	}
 }
 
 // waitLocked runs progress, mu released while it waits.
@@ -361,16 +397,18 @@ func (c *Conn) pollInlineLocked() bool {
 
 // pollCQ waits for completions into c.comps. The caller is the poller;
 // k is the kick count it started with: a change ends the wait. It is
-// called without mu and returns with mu held, for the dispatch.
-func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
+// called without mu and returns with mu held, for the dispatch; with
+// leave, when it found no completion (only messages in the ring, for a
+// Read's fast path to take), with mu's receive half alone (recvOnly).
+func (c *Conn) pollCQ(dl *deadline, k uint32, leave bool) (int, error) {
 	comps := c.comps[:]
 	if n := c.cq.Poll(comps); n > 0 || c.qp.RecvPending() {
-		c.mu.Lock()
+		c.lockPolled(leave && n == 0)
 		return n, nil
 	}
 	if c.replyLook && c.replyDue.Swap(false) {
 		if n, ok := c.awaitReply(comps, dl, k); ok {
-			c.mu.Lock()
+			c.lockPolled(leave && n == 0)
 			c.stats.count(cRepliesCaught, 1)
 			return n, nil
 		}
@@ -405,7 +443,7 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 			c.stats.count(cWaitsParked, 1)
 		}
 	}
-	c.mu.Lock()
+	c.lockPolled(leave && n == 0 && err == nil)
 	c.sleeping = false
 	c.repostLocked()
 	if err != nil {
@@ -418,6 +456,17 @@ func (c *Conn) pollCQ(dl *deadline, k uint32) (int, error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+// lockPolled takes mu after a poll: its receive half alone if recvOnly,
+// for a Read's fast path.
+func (c *Conn) lockPolled(recvOnly bool) {
+	if recvOnly {
+		c.mu.recv.Lock()
+		c.recvOnly = true
+		return
+	}
+	c.mu.Lock()
 }
 
 // awaitReply polls for Config.ReplyWait, in block mode, after this side

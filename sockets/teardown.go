@@ -163,7 +163,7 @@ func (c *Conn) linger() {
 	c.mu.Lock()
 	for !c.qpDead && c.err == nil && !c.torn {
 		c.pumpLocked()
-		if len(c.ctlq) == 0 && int32(c.peerAck-c.lastNonCredit) >= 0 && len(c.txq) == 0 {
+		if len(c.ctlq) == 0 && int32(c.peerAck.load()-c.lastNonCredit) >= 0 && len(c.txq) == 0 {
 			break
 		}
 		err := c.progressLocked(c.rounds, &dl, false, false)

@@ -32,7 +32,7 @@ func rawPost(sc *Conn, msg []byte) error {
 	if err := sc.qp.CommitSend(len(msg)); err != nil {
 		return err
 	}
-	sc.sent++
+	sc.sent.store(sc.sent.load() + 1)
 	return nil
 }
 
@@ -210,7 +210,7 @@ var attacks = []attack{
 		err := rawSendErr(bad, hdr(msgCredit, nil), nil)
 		bad.mu.Lock()
 		bad.consumed -= 1000
-		bad.ackSent -= 1000
+		bad.ackSent.store(bad.ackSent.load() - 1000)
 		bad.mu.Unlock()
 		return nil, err
 	}},

@@ -21,7 +21,7 @@ func TestInOrder(t *testing.T) {
 	var a, b, c, free Mutex
 	var rw RWMutex
 	a.Init(ConnLend)
-	b.Init(Conn)
+	b.Init(ConnRecv)
 	c.Init(Hub)
 	rw.Init(PinOwned)
 	for range 2 {
@@ -57,8 +57,8 @@ func TestRankNames(t *testing.T) {
 	if got := Rank(99).String(); got != "rank 99" {
 		t.Errorf("Rank(99).String() = %q", got)
 	}
-	v := Violation{Held: Hub, Taken: Conn, Stack: "stack"}
-	if s := v.String(); !strings.Contains(s, "sockets.Conn.mu (rank 20) taken while holding shm.Hub.mu (rank 80)") {
+	v := Violation{Held: Hub, Taken: ConnRecv, Stack: "stack"}
+	if s := v.String(); !strings.Contains(s, "sockets.Conn.mu.recv (rank 20) taken while holding shm.Hub.mu (rank 80)") {
 		t.Errorf("Violation.String() = %q", s)
 	}
 }

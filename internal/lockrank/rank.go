@@ -17,7 +17,8 @@ const (
 	Unranked Rank = 0
 
 	ConnLend        Rank = 5  // sockets.Conn.lendMu
-	Conn            Rank = 20 // sockets.Conn.mu
+	ConnRecv        Rank = 20 // sockets.Conn.mu.recv
+	ConnSend        Rank = 21 // sockets.Conn.mu.send
 	ListenerPending Rank = 25 // sockets.Listener.pmu
 	NegativeCache   Rank = 26 // sockets.negativeCache.mu
 	Devices         Rank = 27 // sockets devices.mu
@@ -59,7 +60,8 @@ const (
 
 var names = map[Rank]string{
 	ConnLend:        "sockets.Conn.lendMu",
-	Conn:            "sockets.Conn.mu",
+	ConnRecv:        "sockets.Conn.mu.recv",
+	ConnSend:        "sockets.Conn.mu.send",
 	ListenerPending: "sockets.Listener.pmu",
 	NegativeCache:   "sockets.negativeCache.mu",
 	Devices:         "sockets.devices.mu",

@@ -61,7 +61,7 @@ func TestOutOfOrder(t *testing.T) {
 func TestUnlockByAnother(t *testing.T) {
 	var hi, lo Mutex
 	hi.Init(Hub)
-	lo.Init(Conn)
+	lo.Init(ConnRecv)
 	hi.Lock()
 	done := make(chan struct{})
 	go func() {

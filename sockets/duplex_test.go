@@ -1,0 +1,122 @@
+package sockets
+
+import (
+	"bytes"
+	"io"
+	"sync"
+	"testing"
+	"time"
+)
+
+// stopAt makes the next call that reaches step s on this process wait
+// there, holding its half of Conn.mu, until release is called; reached is
+// closed when it got there.
+func stopAt(t *testing.T, s step) (reached <-chan struct{}, release func()) {
+	t.Helper()
+	var once sync.Once
+	in, out := make(chan struct{}), make(chan struct{})
+	testHook = func(at step) {
+		if at == s {
+			once.Do(func() {
+				close(in)
+				<-out
+			})
+		}
+	}
+	var rel sync.Once
+	release = func() { rel.Do(func() { close(out) }) }
+	t.Cleanup(func() {
+		release()
+		testHook = nil
+	})
+	return in, release
+}
+
+// bound is how long a call may take before the test calls it stuck: a
+// call that waits for the other direction's call, stopped at a hook,
+// never returns.
+const bound = 10 * time.Second
+
+// recv waits for ch within bound.
+func recv[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	return within(t, what, bound, func() T { return <-ch })
+}
+
+type ioResult struct {
+	n   int
+	err error
+}
+
+// TestReadDoesNotWaitForWrite: a Write stopped in the middle of its data
+// messages, holding what it holds of the connection, does not hold up a
+// Read in another goroutine of data that is in the ring already. With one
+// lock for both directions the Read waited for it.
+func TestReadDoesNotWaitForWrite(t *testing.T) {
+	client, server := pipe(t, nil, nil)
+	a, b := client.(*Conn), server.(*Conn)
+	if _, err := b.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	reached, release := stopAt(t, stepDataSent)
+	wrote := make(chan ioResult, 1)
+	go func() {
+		n, err := a.Write([]byte("from a"))
+		wrote <- ioResult{n, err}
+	}()
+	recv(t, "the Write's data message", reached)
+	got := make(chan ioResult, 1)
+	buf := make([]byte, 16)
+	go func() {
+		n, err := a.Read(buf)
+		got <- ioResult{n, err}
+	}()
+	r := recv(t, "Read during a stopped Write", got)
+	if r.err != nil || string(buf[:r.n]) != "x" {
+		t.Fatalf("Read = %q, %v; want \"x\"", buf[:r.n], r.err)
+	}
+	release()
+	if w := recv(t, "the released Write", wrote); w.err != nil || w.n != 6 {
+		t.Fatalf("Write = %d, %v", w.n, w.err)
+	}
+	rb := make([]byte, 6)
+	if _, err := io.ReadFull(b, rb); err != nil || string(rb) != "from a" {
+		t.Fatalf("peer read %q, %v", rb, err)
+	}
+}
+
+// TestWriteDoesNotWaitForRead is the reverse: a Read stopped in its fast
+// path, with the peer's data copied out of the ring and not yet released,
+// does not hold up a Write in another goroutine.
+func TestWriteDoesNotWaitForRead(t *testing.T) {
+	client, server := pipe(t, nil, nil)
+	a, b := client.(*Conn), server.(*Conn)
+	if _, err := b.Write([]byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	reached, release := stopAt(t, stepDataTaken)
+	got := make(chan ioResult, 1)
+	buf := make([]byte, 16)
+	go func() {
+		n, err := a.Read(buf)
+		got <- ioResult{n, err}
+	}()
+	recv(t, "the Read's fast path", reached)
+	wrote := make(chan ioResult, 1)
+	payload := bytes.Repeat([]byte("w"), 20000) // three data messages
+	go func() {
+		n, err := a.Write(payload)
+		wrote <- ioResult{n, err}
+	}()
+	if w := recv(t, "Write during a stopped Read", wrote); w.err != nil || w.n != len(payload) {
+		t.Fatalf("Write = %d, %v", w.n, w.err)
+	}
+	release()
+	if r := recv(t, "the released Read", got); r.err != nil || string(buf[:r.n]) != "y" {
+		t.Fatalf("Read = %q, %v; want \"y\"", buf[:r.n], r.err)
+	}
+	rb := make([]byte, len(payload))
+	if _, err := io.ReadFull(b, rb); err != nil || !bytes.Equal(rb, payload) {
+		t.Fatalf("peer read %d bytes, %v", len(rb), err)
+	}
+}
