@@ -77,7 +77,12 @@
 //
 // Conn and Listener are safe for concurrent use. Concurrent Reads are
 // served one after the other, and so are concurrent Writes; one Write's
-// bytes are never interleaved with another's.
+// bytes are never interleaved with another's. A Read and a Write in
+// different goroutines do not wait for each other in the common case: a
+// Read of data that has come, or that it waits for, and a Write whose
+// data the credits it holds carry now, each run under a lock of their
+// own direction. What is rarer — rendezvous, control messages, a wait for
+// credit, errors — runs under both.
 //
 // # Errors
 //
