@@ -120,3 +120,52 @@ func TestWriteDoesNotWaitForRead(t *testing.T) {
 		t.Fatalf("peer read %d bytes, %v", len(rb), err)
 	}
 }
+
+// TestCreditsThroughWaitingRead: a one-way stream larger than many
+// windows, from a side whose Read waits all along in another goroutine
+// for data that never comes. The reader at the other end only reads, so
+// every credit comes back as a credit message, which the waiting Read's
+// poll takes (the receive half's fast path) while the Write waits for
+// it. The stream must arrive whole, and the Read must still be waiting
+// at the end: the credits are not data.
+func TestCreditsThroughWaitingRead(t *testing.T) {
+	cfg := &Config{Window: 4, BufferSize: 1024}
+	client, server := pipe(t, cfg, cfg)
+	a := client.(*Conn)
+	got := make(chan ioResult, 1)
+	go func() {
+		n, err := a.Read(make([]byte, 64))
+		got <- ioResult{n, err}
+	}()
+	total := scaled(2 << 20)
+	sizes := []int{1, 100, 1000, 1500, 5000}
+	wrote := make(chan error, 1)
+	var sum []byte
+	go func() {
+		var err error
+		sum, err = writeStream(a, 7, total, sizes)
+		if err == nil {
+			err = a.CloseWrite()
+		}
+		wrote <- err
+	}()
+	rsum, n, err := readStream(server, 7, sizes)
+	if werr := recv(t, "the stream's writes", wrote); werr != nil || err != nil {
+		t.Fatalf("write: %v; read: %v", werr, err)
+	}
+	if n != total || !bytes.Equal(rsum, sum) {
+		t.Fatalf("read %d bytes of %d, hash %x, want %x", n, total, rsum, sum)
+	}
+	if st := a.Stats(); st.CreditStalls == 0 {
+		t.Errorf("the writer never waited for credit (%+v): the test tests nothing", st)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("the waiting Read returned %d, %v before the peer wrote anything", r.n, r.err)
+	default:
+	}
+	server.Close()
+	if r := recv(t, "the Read after the peer's close", got); r.n != 0 {
+		t.Fatalf("Read = %d, %v", r.n, r.err)
+	}
+}

@@ -87,9 +87,9 @@ func (c *Conn) abandonFastLocked() {
 }
 
 // takeDataLocked copies msg, just taken from the ring at start, into dst
-// and adds its length to *n when it is a data message that fits; anything
-// else goes to the general dispatch (onRecvLocked), and it returns false:
-// the fast path ends there.
+// and adds its length to *n when it is a data message that fits, and
+// takes a credit message's ack; anything else goes to the general
+// dispatch (onRecvLocked), and it returns false: the fast path ends there.
 func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
 	var payload []byte
 	var ack uint32
@@ -103,6 +103,20 @@ func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
 		var h header
 		h, payload, err = parseMessage(msg)
 		ack = h.Ack()
+	case msgType(msg[offType]) == msgCredit:
+		// Its ack is all a credit message carries: the receive side's
+		// to take, as onRecvLocked does, with no send half (a Write in
+		// another goroutine waits for exactly this).
+		h, _, perr := parseMessage(msg)
+		if perr == nil {
+			c.stats.count(cMsgsReceived, 1)
+			if !c.creditedLocked(&h) {
+				return false // aborted
+			}
+			c.consumeLocked(true)
+			return true
+		}
+		err = perr
 	default:
 		err = errNotData
 	}
