@@ -77,8 +77,16 @@ type Conn struct {
 // credit due, a failure — takes send too (upgradeLocked; the order allows
 // it); a fast Write gives send back and takes both.
 type connMu struct {
-	recv, send lockrank.Mutex
+	recv lockrank.Mutex
+	// The halves on cache lines of their own: each is taken by its own
+	// direction's goroutine, on its own core.
+	_    [cacheLine]byte
+	send lockrank.Mutex
 }
+
+// cacheLine is the size of a cache line, at least, on the machines we run
+// on.
+const cacheLine = 64
 
 func (m *connMu) init() {
 	m.recv.Init(lockrank.ConnRecv)
