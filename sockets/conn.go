@@ -334,7 +334,7 @@ func (c *Conn) read(b []byte) (n int, err error) {
 	// "Read's defers"). It also ends the region in which a fault of b's
 	// memory is recovered (fault.go).
 	defer c.endRead(b, debug.SetPanicOnFault(true), &n, &err)
-	if k, ok := c.readFastLocked(b); ok {
+	if k, ok := c.readPlainLocked(b); ok {
 		return k, nil
 	}
 	if len(b) > 0 && !c.polling && c.fastReadyLocked() {
@@ -343,7 +343,7 @@ func (c *Conn) read(b []byte) (n int, err error) {
 		// still without the send half (progressLocked's leave).
 		perr := c.progressLocked(c.rounds, &c.rdl, true, true)
 		if perr == nil {
-			if k, ok := c.readFastLocked(b); ok {
+			if k, ok := c.readPlainLocked(b); ok {
 				return k, nil
 			}
 		}
@@ -352,6 +352,28 @@ func (c *Conn) read(b []byte) (n int, err error) {
 	}
 	c.upgradeLocked()
 	return c.readLoopLocked(b)
+}
+
+// readPlainLocked is a Read's fast path, under the receive half alone if
+// that is what it holds: data queued first (readQueuedLocked), else data
+// messages from the ring (readFastLocked), which may queue one larger
+// than b.
+func (c *Conn) readPlainLocked(b []byte) (int, bool) {
+	if c.rxHead == len(c.rx) {
+		if k, ok := c.readFastLocked(b); ok || c.rxHead == len(c.rx) {
+			return k, ok
+		}
+	}
+	return c.readQueuedPlainLocked(b)
+}
+
+// readQueuedPlainLocked is readPlainLocked's read of the receive queue.
+func (c *Conn) readQueuedPlainLocked(b []byte) (int, bool) {
+	if len(b) == 0 || !c.queuedReadyLocked() {
+		return 0, false
+	}
+	k := c.readQueuedLocked(b)
+	return k, k > 0
 }
 
 // unlockHeld releases what the caller holds of Conn.mu: both halves, or

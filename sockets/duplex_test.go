@@ -137,24 +137,28 @@ func TestCreditsThroughWaitingRead(t *testing.T) {
 		n, err := a.Read(make([]byte, 64))
 		got <- ioResult{n, err}
 	}()
-	total := scaled(2 << 20)
-	sizes := []int{1, 100, 1000, 1500, 5000}
+	// Writes of one data message each (BufferSize 1024): 2,000 of them,
+	// far more than a window of 4.
+	msg := make([]byte, 2000*500)
+	fillStream(msg, 9)
 	wrote := make(chan error, 1)
-	var sum []byte
 	go func() {
-		var err error
-		sum, err = writeStream(a, 7, total, sizes)
-		if err == nil {
-			err = a.CloseWrite()
+		for rest := msg; len(rest) > 0; {
+			n := min(len(rest), 100+len(rest)%800)
+			if _, err := a.Write(rest[:n]); err != nil {
+				wrote <- err
+				return
+			}
+			rest = rest[n:]
 		}
-		wrote <- err
+		wrote <- a.CloseWrite()
 	}()
-	rsum, n, err := readStream(server, 7, sizes)
+	all, err := io.ReadAll(server)
 	if werr := recv(t, "the stream's writes", wrote); werr != nil || err != nil {
 		t.Fatalf("write: %v; read: %v", werr, err)
 	}
-	if n != total || !bytes.Equal(rsum, sum) {
-		t.Fatalf("read %d bytes of %d, hash %x, want %x", n, total, rsum, sum)
+	if !bytes.Equal(all, msg) {
+		t.Fatalf("read %d bytes of %d, not the bytes written", len(all), len(msg))
 	}
 	if st := a.Stats(); st.CreditStalls == 0 {
 		t.Errorf("the writer never waited for credit (%+v): the test tests nothing", st)
@@ -167,5 +171,52 @@ func TestCreditsThroughWaitingRead(t *testing.T) {
 	server.Close()
 	if r := recv(t, "the Read after the peer's close", got); r.n != 0 {
 		t.Fatalf("Read = %d, %v", r.n, r.err)
+	}
+}
+
+// TestQueuedReadDoesNotWaitForWrite: a message larger than the Read's
+// buffer waits in the receive queue for the next Reads (a bufio.Reader
+// of 4 KiB reading 8 KiB messages), and those Reads do not wait for a
+// Write in another goroutine either.
+func TestQueuedReadDoesNotWaitForWrite(t *testing.T) {
+	client, server := pipe(t, nil, nil)
+	a, b := client.(*Conn), server.(*Conn)
+	msg := make([]byte, 8000)
+	fillStream(msg, 3)
+	if _, err := b.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 0, len(msg))
+	buf := make([]byte, 100)
+	n, err := a.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, buf[:n]...)
+	reached, release := stopAt(t, stepDataSent)
+	wrote := make(chan ioResult, 1)
+	go func() {
+		n, err := a.Write([]byte("from a"))
+		wrote <- ioResult{n, err}
+	}()
+	recv(t, "the Write's data message", reached)
+	for len(got) < len(msg) {
+		read := make(chan ioResult, 1)
+		go func() {
+			n, err := a.Read(buf)
+			read <- ioResult{n, err}
+		}()
+		r := recv(t, "a Read of queued data during a stopped Write", read)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		got = append(got, buf[:r.n]...)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatal("the message read in pieces differs from the one written")
+	}
+	release()
+	if w := recv(t, "the released Write", wrote); w.err != nil || w.n != 6 {
+		t.Fatalf("Write = %d, %v", w.n, w.err)
 	}
 }

@@ -121,8 +121,14 @@ func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
 		err = errNotData
 	}
 	if err != nil || len(payload) > len(dst) {
-		// It aborts, handles what is not data, or queues the data: the
-		// general path's work, under both halves of Conn.mu.
+		if err == nil {
+			// More than the buffer holds: queued where it lies, for
+			// readQueuedLocked.
+			c.queueDataLocked(payload, ack, start)
+			return false
+		}
+		// It aborts, or handles what is not data: the general path's
+		// work, under both halves of Conn.mu.
 		c.upgradeLocked()
 		c.onRecvLocked(msg, start)
 		return false
@@ -141,4 +147,51 @@ func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
 	*n += k
 	c.consumeLocked(false)
 	return true
+}
+
+// queueDataLocked takes a data message carrying ack, whose payload lies
+// in the ring from position start, and queues the payload there, as the
+// general dispatch does (onDataLocked; the fast path's state rules out
+// what else it checks).
+func (c *Conn) queueDataLocked(payload []byte, ack uint32, start uint64) {
+	c.stats.count(cMsgsReceived, 1)
+	if !c.creditLocked(msgData, ack) {
+		return // aborted
+	}
+	e := rxEntry{kind: msgData, data: payload}
+	c.holdLocked(&e, start)
+	c.pushRxLocked(e)
+}
+
+// queuedReadyLocked tells whether a Read may take its bytes from the data
+// at the head of the receive queue under the receive half alone
+// (readQueuedLocked): the connection in its plain state, nothing staged
+// and no rendezvous receive, and data first in the queue.
+func (c *Conn) queuedReadyLocked() bool {
+	return c.rxHead < len(c.rx) && c.rx[c.rxHead].kind == msgData && // first: the common case is an empty queue
+		!(c.torn || c.closed || c.err != nil || !c.helloDone || c.lending ||
+			len(c.staged) > 0 || c.rd.active || c.rdl.expired.Load())
+}
+
+// readQueuedLocked copies into b the data messages at the head of the
+// receive queue — a message larger than the Read before it left the rest
+// there — as the general path's readLocked does, and gives back their
+// ring space and credit. A fault of b leaves the entry as it was (readN:
+// fault.go).
+func (c *Conn) readQueuedLocked(b []byte) int {
+	n := 0
+	for n < len(b) && c.rxHead < len(c.rx) && c.rx[c.rxHead].kind == msgData {
+		c.readN = n
+		e := &c.rx[c.rxHead]
+		k := copy(b[n:], e.data)
+		e.data = e.data[k:]
+		n += k
+		if len(e.data) == 0 {
+			c.consumeLocked(false)
+			c.popRxLocked()
+		}
+	}
+	c.releaseLocked()
+	c.pumpReadLocked()
+	return n
 }

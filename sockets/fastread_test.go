@@ -151,3 +151,29 @@ func TestReadAfterWaitFault(t *testing.T) {
 		t.Fatalf("after the fault: %v, the message intact: %v", err, bytes.Equal(got, msg))
 	}
 }
+
+// TestReadQueuedFault: a Read whose buffer faults while it copies data
+// that waits in the receive queue (the rest of a message larger than the
+// Read before it) fails with EFAULT, and the data stays queued: a Read
+// into good memory gets all of it.
+func TestReadQueuedFault(t *testing.T) {
+	c, s := pipe(t, nil, nil)
+	msg := make([]byte, 3000)
+	fillStream(msg, 1)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 100)
+	if n, err := s.Read(head); err != nil || n != len(head) {
+		t.Fatalf("first Read: %d, %v", n, err)
+	}
+	s.SetReadDeadline(time.Now().Add(10 * time.Second)) // a lost message fails, not hangs
+	_, err := s.Read(holeyBuffer(t))
+	if ferr := isFault(err, "read"); ferr != nil {
+		t.Fatal(ferr)
+	}
+	rest := make([]byte, len(msg)-len(head))
+	if _, err := io.ReadFull(s, rest); err != nil || !bytes.Equal(rest, msg[len(head):]) {
+		t.Fatalf("after the fault: %v, the rest intact: %v", err, bytes.Equal(rest, msg[len(head):]))
+	}
+}
