@@ -115,9 +115,6 @@ func (c *Conn) waitSendLocked() error {
 		if len(c.ctlq) == 0 && c.canSendLocked(classData) {
 			return nil // the data message carries our ack: no credit message first
 		}
-		if c.sendOnly {
-			return errNeedBoth // a fast Write never waits (fastWritableLocked)
-		}
 		c.pumpLocked()
 		if len(c.ctlq) == 0 && c.canSendLocked(classData) {
 			return nil

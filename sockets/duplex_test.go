@@ -3,6 +3,7 @@ package sockets
 import (
 	"bytes"
 	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +49,26 @@ type ioResult struct {
 	err error
 }
 
+// goRead reads into b in a goroutine of its own and delivers the result.
+func goRead(c net.Conn, b []byte) <-chan ioResult {
+	ch := make(chan ioResult, 1)
+	go func() {
+		n, err := c.Read(b)
+		ch <- ioResult{n, err}
+	}()
+	return ch
+}
+
+// goWrite is goRead for a Write of p.
+func goWrite(c net.Conn, p []byte) <-chan ioResult {
+	ch := make(chan ioResult, 1)
+	go func() {
+		n, err := c.Write(p)
+		ch <- ioResult{n, err}
+	}()
+	return ch
+}
+
 // TestReadDoesNotWaitForWrite: a Write stopped in the middle of its data
 // messages, holding what it holds of the connection, does not hold up a
 // Read in another goroutine of data that is in the ring already. With one
@@ -59,18 +80,10 @@ func TestReadDoesNotWaitForWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	reached, release := stopAt(t, stepDataSent)
-	wrote := make(chan ioResult, 1)
-	go func() {
-		n, err := a.Write([]byte("from a"))
-		wrote <- ioResult{n, err}
-	}()
+	wrote := goWrite(a, []byte("from a"))
 	recv(t, "the Write's data message", reached)
-	got := make(chan ioResult, 1)
 	buf := make([]byte, 16)
-	go func() {
-		n, err := a.Read(buf)
-		got <- ioResult{n, err}
-	}()
+	got := goRead(a, buf)
 	r := recv(t, "Read during a stopped Write", got)
 	if r.err != nil || string(buf[:r.n]) != "x" {
 		t.Fatalf("Read = %q, %v; want \"x\"", buf[:r.n], r.err)
@@ -95,19 +108,11 @@ func TestWriteDoesNotWaitForRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	reached, release := stopAt(t, stepDataTaken)
-	got := make(chan ioResult, 1)
 	buf := make([]byte, 16)
-	go func() {
-		n, err := a.Read(buf)
-		got <- ioResult{n, err}
-	}()
+	got := goRead(a, buf)
 	recv(t, "the Read's fast path", reached)
-	wrote := make(chan ioResult, 1)
 	payload := bytes.Repeat([]byte("w"), 20000) // three data messages
-	go func() {
-		n, err := a.Write(payload)
-		wrote <- ioResult{n, err}
-	}()
+	wrote := goWrite(a, payload)
 	if w := recv(t, "Write during a stopped Read", wrote); w.err != nil || w.n != len(payload) {
 		t.Fatalf("Write = %d, %v", w.n, w.err)
 	}
@@ -132,11 +137,7 @@ func TestCreditsThroughWaitingRead(t *testing.T) {
 	cfg := &Config{Window: 4, BufferSize: 1024}
 	client, server := pipe(t, cfg, cfg)
 	a := client.(*Conn)
-	got := make(chan ioResult, 1)
-	go func() {
-		n, err := a.Read(make([]byte, 64))
-		got <- ioResult{n, err}
-	}()
+	got := goRead(a, make([]byte, 64))
 	// Writes of one data message each (BufferSize 1024): 2,000 of them,
 	// far more than a window of 4.
 	msg := make([]byte, 2000*500)
@@ -194,19 +195,10 @@ func TestQueuedReadDoesNotWaitForWrite(t *testing.T) {
 	}
 	got = append(got, buf[:n]...)
 	reached, release := stopAt(t, stepDataSent)
-	wrote := make(chan ioResult, 1)
-	go func() {
-		n, err := a.Write([]byte("from a"))
-		wrote <- ioResult{n, err}
-	}()
+	wrote := goWrite(a, []byte("from a"))
 	recv(t, "the Write's data message", reached)
 	for len(got) < len(msg) {
-		read := make(chan ioResult, 1)
-		go func() {
-			n, err := a.Read(buf)
-			read <- ioResult{n, err}
-		}()
-		r := recv(t, "a Read of queued data during a stopped Write", read)
+		r := recv(t, "a Read of queued data during a stopped Write", goRead(a, buf))
 		if r.err != nil {
 			t.Fatal(r.err)
 		}

@@ -182,14 +182,7 @@ func (c *Conn) readQueuedLocked(b []byte) int {
 	n := 0
 	for n < len(b) && c.rxHead < len(c.rx) && c.rx[c.rxHead].kind == msgData {
 		c.readN = n
-		e := &c.rx[c.rxHead]
-		k := copy(b[n:], e.data)
-		e.data = e.data[k:]
-		n += k
-		if len(e.data) == 0 {
-			c.consumeLocked(false)
-			c.popRxLocked()
-		}
+		n += c.takeQueuedLocked(b[n:])
 	}
 	c.releaseLocked()
 	c.pumpReadLocked()

@@ -118,6 +118,20 @@ func (c *Conn) pushRxLocked(e rxEntry) {
 	c.rx = append(c.rx, e)
 }
 
+// takeQueuedLocked copies the data at the head of the receive queue, a
+// data entry, into dst, and consumes and drops the entry once it is read
+// whole. It returns how many bytes it copied.
+func (c *Conn) takeQueuedLocked(dst []byte) int {
+	e := &c.rx[c.rxHead]
+	k := copy(dst, e.data)
+	e.data = e.data[k:]
+	if len(e.data) == 0 {
+		c.consumeLocked(false)
+		c.popRxLocked()
+	}
+	return k
+}
+
 // spillLocked moves the unread bytes of held entries to the heap.
 func (c *Conn) spillLocked() {
 	for i := c.rxHead; i < len(c.rx); i++ {
@@ -187,13 +201,7 @@ func (c *Conn) readLocked(b []byte, n int) (int, bool, error) {
 			}
 			return 0, false, io.EOF
 		case msgData:
-			k := copy(b[n:], e.data)
-			e.data = e.data[k:]
-			n += k
-			if len(e.data) == 0 {
-				c.consumeLocked(false)
-				c.popRxLocked()
-			}
+			n += c.takeQueuedLocked(b[n:])
 		case msgRTS:
 			if len(e.data) > 0 {
 				k := copy(b[n:], e.data)

@@ -215,8 +215,13 @@ func (c *Conn) sendHelloLocked() error {
 
 // sendDataLocked sends the first bytes of b in one data message.
 func (c *Conn) sendDataLocked(b []byte) (int, error) {
-	if err := c.waitSendLocked(); err != nil {
-		return 0, err
+	// A fast Write checked the connection writable and its credits for
+	// all of its messages (fastWritableLocked), and nothing else sends
+	// while it holds the send half: it does not wait.
+	if !c.sendOnly {
+		if err := c.waitSendLocked(); err != nil {
+			return 0, err
+		}
 	}
 	m := min(len(b), c.maxPayload)
 	t := msgData
