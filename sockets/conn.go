@@ -364,11 +364,6 @@ func (c *Conn) readPlainLocked(b []byte) (int, bool) {
 			return k, ok
 		}
 	}
-	return c.readQueuedPlainLocked(b)
-}
-
-// readQueuedPlainLocked is readPlainLocked's read of the receive queue.
-func (c *Conn) readQueuedPlainLocked(b []byte) (int, bool) {
 	if len(b) == 0 || !c.queuedReadyLocked() {
 		return 0, false
 	}
