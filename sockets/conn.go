@@ -510,7 +510,7 @@ func (c *Conn) write(b []byte) (n int, err error) {
 // messages that the credits we hold carry all of now (fitsLocked), so that
 // it never waits.
 func (c *Conn) fastWritableLocked(n int) bool {
-	if n <= 0 || c.closed || c.err != nil || c.qpDead || c.wclosed || c.wdl.expired.Load() { // writableLocked
+	if n <= 0 || c.writeEndedLocked() || c.wdl.expired.Load() {
 		return false
 	}
 	if n <= c.maxPayload {
@@ -557,8 +557,17 @@ func (c *Conn) writeEagerLocked(b []byte, n int) (int, error) {
 	return n, nil
 }
 
+// writeEndedLocked tells whether Write cannot go on (writableLocked says
+// why).
+func (c *Conn) writeEndedLocked() bool {
+	return c.closed || c.err != nil || c.qpDead || c.wclosed
+}
+
 // writableLocked tells why Write cannot go on, or nil.
 func (c *Conn) writableLocked() error {
+	if !c.writeEndedLocked() {
+		return nil
+	}
 	switch {
 	case c.closed:
 		return net.ErrClosed
