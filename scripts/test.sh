@@ -4,8 +4,9 @@
 # for darwin, then the tests under the race detector (fuzz
 # targets run their seed corpora; cross-process tests re-exec the test
 # binary), then the library's suites under the lock-rank checker
-# (-tags lockrank), then the eBPF tests again on a second kernel (Debian 6.1 under
-# qemu; SANDIRECT_SKIP_VM=1 skips that part).
+# (-tags lockrank) and with one processor (GOMAXPROCS=1), then the eBPF
+# tests again on a second kernel (Debian 6.1 under qemu;
+# SANDIRECT_SKIP_VM=1 skips that part).
 # Usage: scripts/test.sh [go test flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -91,6 +92,17 @@ if ! go test -tags lockrank -count=1 -skip "$lockskip" "${lockpkgs[@]}" 2>&1 | t
 	fi
 	echo "test.sh: lock ranks: FLAKY OR BROKEN, running again once: $failed" >&2
 	go test -tags lockrank -count=1 -skip "$lockskip" $failed
+fi
+
+# One processor (GOMAXPROCS=1, what a container given one CPU runs with):
+# nothing in the library may need two goroutines running at once to make
+# progress. Tests that race two threads on purpose skip there.
+echo "== one processor"
+if ! GOMAXPROCS=1 go test -count=1 -skip "$lockskip" "${lockpkgs[@]}" 2>&1 | tee "$log"; then
+	failed=$(awk '$1 == "FAIL" && $2 ~ /^github.com\// {print $2}' "$log" | sort -u)
+	[ -n "$failed" ] || exit 1
+	echo "test.sh: one processor: FLAKY OR BROKEN, running again once: $failed" >&2
+	GOMAXPROCS=1 go test -count=1 -skip "$lockskip" $failed
 fi
 
 # The modules of their own, whose dependencies (gonum/plot, gRPC) stay out

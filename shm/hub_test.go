@@ -186,20 +186,28 @@ func TestHubPipeStaysNearEmpty(t *testing.T) {
 		t.Fatal(err)
 	}
 	var gen, ack atomic.Int64
-	var stop atomic.Bool
+	// The notifier waits for each round's ack on a channel, not in a
+	// loop of Gosched: with one processor (GOMAXPROCS=1) a goroutine
+	// that is always runnable keeps the scheduler from polling the
+	// network, and the parked waiter's wake-up then waits for the
+	// runtime's monitor, some 10 ms a round.
+	acked := make(chan struct{}, 1)
+	stop := make(chan struct{})
 	notifyDone := make(chan struct{})
 	go func() {
 		defer close(notifyDone)
-		for i := int64(1); i <= rounds && !stop.Load(); i++ {
+		for i := int64(1); i <= rounds; i++ {
 			gen.Store(i)
 			note.Notify(w.Slot())
-			for ack.Load() < i && !stop.Load() {
-				runtime.Gosched()
+			select {
+			case <-acked:
+			case <-stop:
+				return
 			}
 		}
 	}()
 	defer func() {
-		stop.Store(true)
+		close(stop)
 		<-notifyDone
 	}()
 	ready := readyFunc(func() bool { return gen.Load() > ack.Load() })
@@ -212,6 +220,7 @@ func TestHubPipeStaysNearEmpty(t *testing.T) {
 			}
 		}
 		ack.Store(i)
+		acked <- struct{}{}
 		most = max(most, h.pipeBytes())
 	}
 	if most > hubDrainAfter+2 {

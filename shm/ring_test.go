@@ -410,6 +410,7 @@ func TestNoLostWakeup(t *testing.T) {
 // again before each wait, so that commits race the take-back, with and
 // without a fence; a lost wake-up runs into the wait's deadline.
 func TestSpinningConsumerThatSleeps(t *testing.T) {
+	needParallel(t)
 	p, c := newRing(t, MinRingCapacity, WaitConfig{Mode: WaitBlock}, WaitConfig{Mode: WaitBlock})
 	if err := c.SetSpinning(); err != nil {
 		t.Skipf("no global memory barriers here: %v", err)
@@ -476,6 +477,7 @@ func TestSpinningConsumerThatSleeps(t *testing.T) {
 // here without it: the take-back's own store to the control line, which
 // the producer reads, takes longer than the producer's store to drain.)
 func TestSpinningTakeBackFences(t *testing.T) {
+	needParallel(t)
 	p, c := newRing(t, 1<<12, WaitConfig{Mode: WaitBusyPoll}, WaitConfig{Mode: WaitBusyPoll})
 	if err := c.SetSpinning(); err != nil {
 		t.Skipf("no global memory barriers here: %v", err)
@@ -514,6 +516,17 @@ func TestSpinningTakeBackFences(t *testing.T) {
 	}
 }
 
+// needParallel skips a test that races two goroutines running at the
+// same moment on two threads, each spinning for the other: with one
+// processor (GOMAXPROCS=1) they take turns, the race is never run, and
+// each turn waits for the scheduler to preempt the spinner.
+func needParallel(t *testing.T) {
+	t.Helper()
+	if n := runtime.GOMAXPROCS(0); n < 2 {
+		t.Skipf("needs two goroutines running at once; GOMAXPROCS is %d", n)
+	}
+}
+
 // litmus runs rounds of two sequences racing on two threads, and counts
 // the rounds that lost. In round i, setup runs on the test's thread;
 // then a on a goroutine of its own and b on the test's thread, at about
@@ -522,6 +535,8 @@ func TestSpinningTakeBackFences(t *testing.T) {
 // then, once both are done, lost on the test's thread judges the round.
 // What a writes, the test's thread reads only after the round.
 func litmus(setup, a, b func(i int), lost func(i int) bool) int {
+	// Callers skip with one processor (needParallel): the two sides
+	// spin for each other.
 	rounds := 20_000
 	if testing.Short() {
 		rounds = 5_000
@@ -792,6 +807,7 @@ func TestResetRing(t *testing.T) {
 // Arm, the consumer's doorbell load may pass its own head store and the
 // producer's head load its own doorbell store, and both miss.
 func TestUnfencedReleaseWakes(t *testing.T) {
+	needParallel(t)
 	p, c := newRing(t, 1<<12, WaitConfig{Mode: WaitBusyPoll}, WaitConfig{Mode: WaitBusyPoll})
 	if !c.unfenced || load32(c.pFences) == 0 {
 		t.Skip("no global memory barriers here: every release fences")
