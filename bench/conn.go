@@ -1168,7 +1168,8 @@ func connServe(c io.ReadWriter, counted bool) error {
 // proportional set size (Pss: shared segments counted once) divided by the
 // number of connections. The first connection is made before the first
 // measurement, so that what every process pays once (the device, the
-// connection manager) is not counted.
+// connection manager, the eBPF monitor's load: settleMemory) is not
+// counted.
 func connIdle(ctx context.Context, env *Env, p *peer) ([]Record, error) {
 	lc := sockets.ListenConfig{Config: socketsConfig(shm.WaitBlock, false)}
 	ln, err := lc.Listen(ctx, "sandirect", connAddr("idle"))
@@ -1197,7 +1198,14 @@ func connIdle(ctx context.Context, env *Env, p *peer) ([]Record, error) {
 			}
 			conns = append(conns, c)
 			if i == 0 {
-				runtime.GC()
+				// Both processes measured with their eBPF monitors
+				// loaded (in the background, from the first connection
+				// on) and the load's garbage given back: a process's
+				// once, not a connection's. The peer says when it is.
+				settleMemory(c)
+				if _, err := io.ReadFull(c, b[:]); err != nil {
+					return fmt.Errorf("peer settled: %w", err)
+				}
 				if before, err = pssPair(p); err != nil {
 					return err
 				}
@@ -1213,7 +1221,7 @@ func connIdle(ctx context.Context, env *Env, p *peer) ([]Record, error) {
 		if _, err := io.ReadFull(conns[0], b[:]); err != nil {
 			return err
 		}
-		runtime.GC()
+		freeMemory()
 		after, err = pssPair(p)
 		return err
 	})
@@ -1227,10 +1235,22 @@ func connIdle(ctx context.Context, env *Env, p *peer) ([]Record, error) {
 	return []Record{{Suite: env.suite, Case: "idle", Transport: connIdleTransport, Metric: metricMem, Value: per}}, nil
 }
 
-// idlePeer dials cmd.Size connections to cmd.Addr: the first, then (when
-// the parent has measured and says so on it) the others; it writes a byte
-// on the first once every dial has returned, and waits until the parent
-// closes it.
+// settleMemory waits for the registration monitor of c's device, whose
+// eBPF programs load in the background from a process's first
+// connection, and gives the heap the load left behind back to the
+// system, so that a measurement of memory after it counts connections,
+// not the load.
+func settleMemory(c net.Conn) {
+	if sc, ok := c.(*sockets.Conn); ok {
+		sc.Monitor()
+	}
+	freeMemory()
+}
+
+// idlePeer dials cmd.Size connections to cmd.Addr: the first, on which
+// it writes a byte once settled (settleMemory), then (when the parent has
+// measured and says so on it) the others; it writes a byte on the first
+// once every dial has returned, and waits until the parent closes it.
 func idlePeer(pc *peerConn, cmd ctlMsg) error {
 	runtime.GC()
 	freeMemory()
@@ -1255,13 +1275,16 @@ func idlePeer(pc *peerConn, cmd ctlMsg) error {
 		}
 		conns = append(conns, c)
 		if i == 0 {
-			runtime.GC()
+			settleMemory(c)
+			if _, err := c.Write(b[:]); err != nil {
+				return err
+			}
 			if _, err := io.ReadFull(c, b[:]); err != nil {
 				return fmt.Errorf("go-ahead: %w", err)
 			}
 		}
 	}
-	runtime.GC()
+	freeMemory()
 	first := conns[0]
 	if _, err := first.Write(b[:]); err != nil {
 		return err

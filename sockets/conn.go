@@ -13,6 +13,7 @@ import (
 	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/nic"
+	"github.com/sandirect/sandirect/pin"
 )
 
 // Conn is a connection over shared memory: a nic queue pair driven by the
@@ -148,6 +149,20 @@ func (g *gate) leaveLocked() {
 
 // Stats returns a snapshot of the connection's counters.
 func (c *Conn) Stats() Counters { return c.stats.snapshot() }
+
+// Monitor reports the monitor that tells this process's registration cache
+// when application memory changes, and why the better ones do not run
+// (pin.MonitorReport): without one, memory the peer reads in place is
+// registered anew for every transfer. The eBPF monitor loads in the
+// background when a process opens its first connection; Monitor waits for
+// that to finish. (A device without a registration cache would report
+// MonitorNone.)
+func (c *Conn) Monitor() pin.MonitorReport {
+	if pc := c.dev.nic.Cache(); pc != nil {
+		return pc.Monitor()
+	}
+	return pin.MonitorReport{Kind: pin.MonitorNone}
+}
 
 // LocalAddr returns the local address.
 func (c *Conn) LocalAddr() net.Addr { return c.laddr }

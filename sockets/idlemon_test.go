@@ -62,3 +62,26 @@ func TestIdleMonitorAcrossDevices(t *testing.T) {
 	}
 	ping(t, c)
 }
+
+// TestConnMonitor: a connection reports its device's registration
+// monitor once the background start is over — the one the device's cache
+// runs, never a placeholder — and, as root with eBPF required here, the
+// eBPF monitor with its attach point.
+func TestConnMonitor(t *testing.T) {
+	c, s := pipe(t, nil, nil)
+	for _, conn := range []*Conn{c.(*Conn), s.(*Conn)} {
+		rep := conn.Monitor()
+		if rep.Starting || rep.Kind == pin.MonitorAuto {
+			t.Fatalf("Monitor() = %+v: still starting", rep)
+		}
+		if cur := conn.dev.nic.Cache().CurrentMonitor(); cur.Kind != rep.Kind || cur.Attach != rep.Attach {
+			t.Fatalf("Monitor() = %+v, the cache runs %+v", rep, cur)
+		}
+		if rep.Kind == pin.MonitorEBPF && rep.Attach == "" {
+			t.Fatalf("Monitor() = %+v: eBPF without its attach point", rep)
+		}
+		if os.Getenv("SANDIRECT_REQUIRE_EBPF") != "" && os.Geteuid() == 0 && rep.Kind != pin.MonitorEBPF {
+			t.Fatalf("Monitor() = %+v, want eBPF (SANDIRECT_REQUIRE_EBPF)", rep)
+		}
+	}
+}
