@@ -1,7 +1,9 @@
 package main
 
-// The app suite: what a Go application gets. gRPC-go unary calls and a
-// bidirectional stream, net/http keep-alive GETs, each over sandirect with
+// The app suite: what a Go application gets. gRPC-go unary calls, one at
+// a time and from 16 goroutines at once over one connection (case
+// unary-c16, calls per second), and a bidirectional stream, net/http
+// keep-alive GETs, each over sandirect with
 // the default Config (transports grpc/sandirect, http/sandirect), a Unix
 // socket (grpc/unix, http/unix) and TCP loopback (grpc/tcp, http/tcp),
 // interleaved round by round; and the OS threads of a server whose idle
@@ -44,6 +46,8 @@ const appIdleTransport = "sockets/default"
 var (
 	appTransports  = []string{"sandirect", "unix", "tcp"}
 	appUnarySizes  = []int{64, 4 * kiB, 64 * kiB, miB}
+	appCallSizes   = []int{64, 64 * kiB}
+	appCallers     = 16
 	appBidiSizes   = []int{64, 64 * kiB}
 	appHTTPSizes   = []int{kiB, miB}
 	appHTTPClients = []int{1, 16}
@@ -58,7 +62,7 @@ func init() {
 	})
 	plotTitles["app"] = plotMeta{
 		LatencyTitle: "gRPC unary call, median (bars: min to p99)", LatencyLabel: "per call",
-		BandwidthTitle: "gRPC bidi stream, net/http GET -cN: N clients (bars: rounds)", BandwidthLabel: "payload GB/s",
+		BandwidthTitle: "gRPC unary -cN: N callers, bidi stream, net/http GET -cN: N clients (bars: rounds)", BandwidthLabel: "payload GB/s",
 	}
 	// Issue 18's targets.
 	for _, s := range []struct {
@@ -91,6 +95,8 @@ type appPlan struct {
 	slice     time.Duration
 	warm      time.Duration
 	unary     []int
+	calls     []int // unary calls from callers goroutines at once
+	callers   int
 	bidi      []int
 	httpSizes []int
 	clients   []int
@@ -99,11 +105,11 @@ type appPlan struct {
 
 func appPlanOf(env *Env) appPlan {
 	p := appPlan{rounds: 5, slice: time.Second, warm: 200 * time.Millisecond, unary: appUnarySizes,
-		bidi: appBidiSizes, httpSizes: appHTTPSizes, clients: appHTTPClients, idle: 10000}
+		calls: appCallSizes, callers: appCallers, bidi: appBidiSizes, httpSizes: appHTTPSizes, clients: appHTTPClients, idle: 10000}
 	switch {
 	case testTiny:
 		p = appPlan{rounds: 2, slice: 5 * time.Millisecond, warm: time.Millisecond, unary: []int{64, 64 * kiB},
-			bidi: []int{64}, httpSizes: []int{kiB}, clients: []int{1, 4}, idle: 32}
+			calls: []int{64}, callers: 4, bidi: []int{64}, httpSizes: []int{kiB}, clients: []int{1, 4}, idle: 32}
 	case env.quick:
 		p.rounds, p.slice, p.warm = 3, 150*time.Millisecond, 50*time.Millisecond
 	}
@@ -112,7 +118,7 @@ func appPlanOf(env *Env) appPlan {
 
 func appRows(env *Env) int {
 	p := appPlanOf(env)
-	return len(appTransports)*(len(p.unary)+len(p.bidi)+len(p.httpSizes)*len(p.clients)) + len(appTransports)
+	return len(appTransports)*(len(p.unary)+len(p.calls)+len(p.bidi)+len(p.httpSizes)*len(p.clients)) + len(appTransports)
 }
 
 // runApp builds bench/app and merges its rows. A module that cannot be
@@ -144,7 +150,8 @@ func runApp(ctx context.Context, env *Env) ([]Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, appRunMax)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "-rounds", strconv.Itoa(p.rounds), "-slice", p.slice.String(),
-		"-warm", p.warm.String(), "-unary", intList(p.unary), "-bidi", intList(p.bidi), "-http", intList(p.httpSizes),
+		"-warm", p.warm.String(), "-unary", intList(p.unary), "-calls", intList(p.calls), "-callers", strconv.Itoa(p.callers),
+		"-bidi", intList(p.bidi), "-http", intList(p.httpSizes),
 		"-clients", intList(p.clients), "-idle", strconv.Itoa(p.idle), "-records", "/dev/fd/3")
 	cmd.ExtraFiles = []*os.File{w}
 	out := &tailBuffer{max: 16 << 10}
@@ -218,7 +225,8 @@ func appResult(row []Record) (Result, error) {
 	switch {
 	case res.Case == "unary" && kind == "grpc":
 		res.Lat = &Latency{Min: m[metricLatMin], P50: m[metricLatP50], P99: m[metricLatP99], P999: m[metricLatP999]}
-	case (res.Case == "bidi" && kind == "grpc") || (strings.HasPrefix(res.Case, "get-c") && kind == "http"):
+	case ((res.Case == "bidi" || strings.HasPrefix(res.Case, "unary-c")) && kind == "grpc") ||
+		(strings.HasPrefix(res.Case, "get-c") && kind == "http"):
 		res.HasBW = true
 		res.BW, res.BWMin, res.BWMax, res.Rate = m[metricBW], m[metricBWMin], m[metricBWMax], m[metricRate]
 	default:
@@ -249,8 +257,8 @@ func appIdleRow(env *Env, row []Record) ([]Record, error) {
 
 // printAppSideBySide prints the app suite's headline numbers, one row per
 // transport, each with its ratio to the Unix socket's: gRPC unary p50 per
-// call and bidi echoes per second, then net/http requests per second, then
-// the idle threads. Nothing without app records.
+// call, concurrent calls and bidi echoes per second, then net/http
+// requests per second, then the idle threads. Nothing without app records.
 func printAppSideBySide(w io.Writer, recs []Record) {
 	get := func(cas, transport string, size int, metric string) (float64, bool) {
 		for _, r := range recs {
@@ -333,6 +341,8 @@ func appColumns(recs []Record, kind string) []appCol {
 			c.scale, c.head = 1e-3, "unary "+fsize(r.Size)+" µs"
 		case r.Case == "bidi":
 			c.head = "bidi " + fsize(r.Size) + "/s"
+		case strings.HasPrefix(r.Case, "unary-c"):
+			c.head = strings.TrimPrefix(r.Case, "unary-") + " " + fsize(r.Size) + "/s"
 		default:
 			c.head = strings.TrimPrefix(r.Case, "get-") + " " + fsize(r.Size) + " req/s"
 		}

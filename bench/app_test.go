@@ -50,6 +50,12 @@ func TestRunApp(t *testing.T) {
 				t.Errorf("unary grpc/%s %s p50 = %v", tr, fsize(size), v)
 			}
 		}
+		for _, size := range p.calls {
+			cas := "unary-c" + strings.TrimSpace(intList([]int{p.callers}))
+			if v := got[recordKey{"app", cas, "grpc/" + tr, size, metricRate}]; !(v > 0) {
+				t.Errorf("%s grpc/%s %s rate = %v", cas, tr, fsize(size), v)
+			}
+		}
 		for _, size := range p.bidi {
 			if v := got[recordKey{"app", "bidi", "grpc/" + tr, size, metricRate}]; !(v > 0) {
 				t.Errorf("bidi grpc/%s %s rate = %v", tr, fsize(size), v)
@@ -124,6 +130,8 @@ func TestAppTables(t *testing.T) {
 	add("unary", "grpc/sandirect", 64, metricLatP50, 100e3)
 	add("unary", "grpc/unix", 64, metricLatP50, 200e3)
 	add("unary", "grpc/tcp", 64, metricLatP50, 300e3)
+	add("unary-c16", "grpc/sandirect", 64, metricRate, 0.031)
+	add("unary-c16", "grpc/unix", 64, metricRate, 0.025)
 	add("get-c16", "http/sandirect", kiB, metricRate, 0.012)
 	add("get-c16", "http/unix", kiB, metricRate, 0.008)
 	add("idle", appIdleTransport, 0, appMetricConns, 10000)
@@ -142,6 +150,8 @@ func TestAppTables(t *testing.T) {
 		{&side, "100 (0.50)"}, // sandirect: half the unix call
 		{&side, "300 (1.50)"},
 		{&side, "12000 (1.50)"}, // req/s, not Mmsg/s
+		{&side, "c16 64B/s"},
+		{&side, "31000 (1.24)"}, // calls/s
 		{&side, "10000 connections with a Read waiting, server threads (GOMAXPROCS 2): sockets/default 30, unix 7"},
 		{&tgt, "app grpc unary 64B p50 / unix (interleaved)"},
 		{&tgt, "0.50  <=0.7  PASS"},

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -104,6 +106,85 @@ func unaryFor(ctx context.Context, cl grpc_testing.BenchmarkServiceClient, req *
 		samples = append(samples, dt)
 	}
 	return samples, nil
+}
+
+// measureCalls interleaves the transports' concurrent unary calls: o.callers
+// goroutines calling at once over one connection (the ClientConn an
+// application shares between its request handlers), so that gRPC's reader
+// and writer of the connection are both busy, in both processes. Its rows
+// (case unary-cN) are calls per second.
+func measureCalls(ctx context.Context, w *rowWriter, o options, g *grpcClients) error {
+	cas := "unary-c" + strconv.Itoa(o.callers)
+	for _, size := range o.callSizes {
+		req := &grpc_testing.SimpleRequest{ResponseSize: int32(size), Payload: &grpc_testing.Payload{Body: make([]byte, size)}}
+		rates := map[string][]float64{}
+		failed := map[string]bool{}
+		step := func(t transport, d time.Duration, keep bool) error {
+			if failed[t.name] {
+				return nil
+			}
+			rate, err := callsFor(ctx, g.clients[t.name], req, o.callers, d)
+			if err != nil {
+				failed[t.name] = true
+				return w.fail(ctx, fmt.Errorf("%s %d B over %s: %w", cas, size, t.name, err))
+			}
+			if keep {
+				rates[t.name] = append(rates[t.name], rate)
+			}
+			return nil
+		}
+		if err := interleave(o, step); err != nil {
+			return err
+		}
+		for _, t := range transports {
+			if !failed[t.name] {
+				if err := w.row(rateRow(cas, "grpc/"+t.name, size, rates[t.name], size)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// callsFor makes unary calls from callers goroutines at once for d (each
+// at least minCalls) and returns the calls per second, until the last one
+// returned.
+func callsFor(ctx context.Context, cl grpc_testing.BenchmarkServiceClient, req *grpc_testing.SimpleRequest,
+	callers int, d time.Duration) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, d+sliceMax)
+	defer cancel()
+	want := int(req.GetResponseSize())
+	start := time.Now()
+	var calls atomic.Int64
+	errs := make(chan error, callers)
+	for range callers {
+		go func() {
+			for n := 0; n < minCalls || time.Since(start) < d; n++ {
+				resp, err := cl.UnaryCall(ctx, req)
+				if err == nil && len(resp.GetPayload().GetBody()) != want {
+					err = fmt.Errorf("response of %d bytes, want %d", len(resp.GetPayload().GetBody()), want)
+				}
+				if err != nil {
+					errs <- err // first: the others' errors are the cancel's
+					cancel()
+					return
+				}
+				calls.Add(1)
+			}
+			errs <- nil
+		}()
+	}
+	var first error
+	for range callers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return 0, first
+	}
+	return float64(calls.Load()) / time.Since(start).Seconds(), nil
 }
 
 // measureBidi interleaves the transports' bidirectional streams.

@@ -140,13 +140,15 @@ type options struct {
 	warm       time.Duration // per case, size and transport, before the rounds
 	unarySizes []int
 	bidiSizes  []int
+	callSizes  []int // the calls case: unary calls from callers goroutines at once
+	callers    int
 	httpSizes  []int
 	clients    []int
 	idle       int
 	cases      []string
 }
 
-var allCases = []string{"unary", "bidi", "http", "idle"}
+var allCases = []string{"unary", "calls", "bidi", "http", "idle"}
 
 // run parses args and measures; the records go to -records.
 func run(ctx context.Context, stdout io.Writer, args []string) error {
@@ -157,6 +159,8 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	fs.DurationVar(&o.slice, "slice", time.Second, "time per round of each case, size and transport")
 	fs.DurationVar(&o.warm, "warm", 200*time.Millisecond, "warm-up of each case, size and transport")
 	unary := fs.String("unary", "64,4096,65536,1048576", "gRPC unary payload `SIZES`")
+	calls := fs.String("calls", "64,65536", "gRPC unary payload `SIZES` of the calls case, made from -callers goroutines at once over one connection")
+	fs.IntVar(&o.callers, "callers", 16, "the calls case's concurrent callers")
 	bidi := fs.String("bidi", "64,65536", "gRPC bidirectional stream message `SIZES`")
 	httpSizes := fs.String("http", "1024,1048576", "net/http body `SIZES`")
 	clients := fs.String("clients", "1,16", "net/http concurrent clients, a `LIST`")
@@ -177,7 +181,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	for _, l := range []struct {
 		s   string
 		dst *[]int
-	}{{*unary, &o.unarySizes}, {*bidi, &o.bidiSizes}, {*httpSizes, &o.httpSizes}, {*clients, &o.clients}} {
+	}{{*unary, &o.unarySizes}, {*calls, &o.callSizes}, {*bidi, &o.bidiSizes}, {*httpSizes, &o.httpSizes}, {*clients, &o.clients}} {
 		if *l.dst, err = parseInts(l.s); err != nil {
 			return err
 		}
@@ -188,8 +192,8 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		}
 		o.cases = append(o.cases, strings.TrimSpace(c))
 	}
-	if o.rounds < 1 || o.slice <= 0 || o.warm < 0 || o.idle < 0 {
-		return fmt.Errorf("bad plan: -rounds %d, -slice %v, -warm %v, -idle %d", o.rounds, o.slice, o.warm, o.idle)
+	if o.rounds < 1 || o.slice <= 0 || o.warm < 0 || o.idle < 0 || o.callers < 1 {
+		return fmt.Errorf("bad plan: -rounds %d, -slice %v, -warm %v, -idle %d, -callers %d", o.rounds, o.slice, o.warm, o.idle, o.callers)
 	}
 	out := stdout
 	if *recPath != "" {
@@ -253,7 +257,7 @@ func parseInts(s string) ([]int, error) {
 
 // measure runs the chosen cases in order, the idle one last.
 func measure(ctx context.Context, w *rowWriter, o options) error {
-	if slices.Contains(o.cases, "unary") || slices.Contains(o.cases, "bidi") || slices.Contains(o.cases, "http") {
+	if slices.ContainsFunc(o.cases, func(c string) bool { return c != "idle" }) {
 		srv, err := startServer(ctx)
 		if err != nil {
 			return err
@@ -279,7 +283,7 @@ func measure(ctx context.Context, w *rowWriter, o options) error {
 }
 
 func measureServed(ctx context.Context, w *rowWriter, o options, srv *server) error {
-	if slices.Contains(o.cases, "unary") || slices.Contains(o.cases, "bidi") {
+	if slices.Contains(o.cases, "unary") || slices.Contains(o.cases, "calls") || slices.Contains(o.cases, "bidi") {
 		g, err := newGRPCClients(srv.addrs)
 		if err != nil {
 			return err
@@ -287,6 +291,11 @@ func measureServed(ctx context.Context, w *rowWriter, o options, srv *server) er
 		defer g.close()
 		if slices.Contains(o.cases, "unary") {
 			if err := measureUnary(ctx, w, o, g); err != nil {
+				return err
+			}
+		}
+		if slices.Contains(o.cases, "calls") {
+			if err := measureCalls(ctx, w, o, g); err != nil {
 				return err
 			}
 		}

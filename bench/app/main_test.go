@@ -49,7 +49,7 @@ func TestRunAllCases(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	err := run(ctx, &out, []string{"-rounds", "2", "-slice", "5ms", "-warm", "1ms", "-unary", "64,65536",
-		"-bidi", "64", "-http", "1024", "-clients", "1,4", "-idle", fmt.Sprint(idle)})
+		"-calls", "64", "-callers", "4", "-bidi", "64", "-http", "1024", "-clients", "1,4", "-idle", fmt.Sprint(idle)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +84,7 @@ func TestRunAllCases(t *testing.T) {
 	for _, tr := range []string{"sandirect", "unix", "tcp"} {
 		check("unary grpc/"+tr+" 64", lat)
 		check("unary grpc/"+tr+" 65536", lat)
+		check("unary-c4 grpc/"+tr+" 64", rate)
 		check("bidi grpc/"+tr+" 64", rate)
 		check("get-c1 http/"+tr+" 1024", rate)
 		check("get-c4 http/"+tr+" 1024", rate)
@@ -112,6 +113,8 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"-http", "1k"}, `bad size or count "1k"`},
 		{[]string{"-cases", "unary,rpc"}, `unknown case "rpc"`},
 		{[]string{"-rounds", "0"}, "bad plan"},
+		{[]string{"-callers", "0"}, "-callers 0"},
+		{[]string{"-calls", "64,x"}, `bad size or count "x"`},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
