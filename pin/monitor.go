@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -222,6 +223,11 @@ func (c *Cache) startAuto() {
 		m, rep, err := startMonitor(MonitorAuto, c.cfg.MaxBacklog)
 		renice() // before the adoption tells anyone the load is over
 		runtime.UnlockOSThread()
+		if err == nil && rep.Kind == MonitorEBPF {
+			// Last (deferred), once the monitor is adopted: the load's
+			// garbage back to the system (freeLoadGarbage).
+			defer freeLoadGarbage()
+		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		// Ready is told under mu, with the adoption (deferred calls run
@@ -240,6 +246,24 @@ func (c *Cache) startAuto() {
 		}
 		c.adoptLocked(m, rep)
 	}()
+}
+
+// testHookLoadFreed, when set, is called once a background eBPF load's
+// garbage is given back (freeLoadGarbage).
+var testHookLoadFreed atomic.Pointer[func()]
+
+// freeLoadGarbage gives the heap an eBPF load dropped back to the system.
+// Loading parses the kernel's BTF: some 5 MB allocated and dropped within
+// the load, which the Go heap would otherwise keep resident until a
+// collection and its scavenger came round to it — for minutes in a quiet
+// program, whose resident memory the first connection would leave a
+// third larger (docs/setup.md, "What the load leaves in memory"). One
+// collection and scavenge, in the loading goroutine, once a load.
+func freeLoadGarbage() {
+	debug.FreeOSMemory()
+	if h := testHookLoadFreed.Load(); h != nil {
+		(*h)()
+	}
 }
 
 // adoptLocked makes m the cache's monitor. Nothing foreign is cached yet

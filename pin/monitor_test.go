@@ -2,9 +2,12 @@ package pin
 
 import (
 	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sandirect/sandirect/internal/sys"
 )
@@ -232,4 +235,44 @@ func taskNice(t *testing.T, tid int) int {
 		t.Fatalf("thread %d: %v", tid, err)
 	}
 	return n
+}
+
+// TestMonitorLoadGarbageFreed: MonitorAuto's background eBPF load parses
+// the kernel's BTF, megabytes that the load drops; once the monitor is
+// adopted they are given back to the system, and the process's resident
+// Go memory is about what it was before the load.
+func TestMonitorLoadGarbageFreed(t *testing.T) {
+	ebpfMonitor(t) // skips where eBPF cannot run
+	closeIdle(t)   // a fresh load, not an idle monitor's adoption
+	freed := make(chan struct{}, 1)
+	hook := func() {
+		select {
+		case freed <- struct{}{}:
+		default:
+		}
+	}
+	testHookLoadFreed.Store(&hook)
+	defer testHookLoadFreed.Store(nil)
+	debug.FreeOSMemory()
+	before := residentGo()
+	c := newCache(t, nil)
+	if rep := c.Monitor(); rep.Kind != MonitorEBPF {
+		t.Skipf("MonitorAuto chose %v", rep)
+	}
+	select {
+	case <-freed:
+	case <-time.After(time.Minute):
+		t.Fatal("the load's garbage was not given back a minute after the monitor was adopted")
+	}
+	if grew := int64(residentGo()) - int64(before); grew > 2<<20 {
+		t.Fatalf("the process's resident Go memory grew by %d KiB over the load, want at most 2 MiB", grew>>10)
+	}
+}
+
+// residentGo is the memory the Go runtime holds from the system and has
+// not released.
+func residentGo() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64() - s[1].Value.Uint64()
 }
