@@ -114,34 +114,13 @@ func unaryFor(ctx context.Context, cl grpc_testing.BenchmarkServiceClient, req *
 // and writer of the connection are both busy, in both processes. Its rows
 // (case unary-cN) are calls per second.
 func measureCalls(ctx context.Context, w *rowWriter, o options, g *grpcClients) error {
-	cas := "unary-c" + strconv.Itoa(o.callers)
 	for _, size := range o.callSizes {
 		req := &grpc_testing.SimpleRequest{ResponseSize: int32(size), Payload: &grpc_testing.Payload{Body: make([]byte, size)}}
-		rates := map[string][]float64{}
-		failed := map[string]bool{}
-		step := func(t transport, d time.Duration, keep bool) error {
-			if failed[t.name] {
-				return nil
-			}
-			rate, err := callsFor(ctx, g.clients[t.name], req, o.callers, d)
-			if err != nil {
-				failed[t.name] = true
-				return w.fail(ctx, fmt.Errorf("%s %d B over %s: %w", cas, size, t.name, err))
-			}
-			if keep {
-				rates[t.name] = append(rates[t.name], rate)
-			}
-			return nil
-		}
-		if err := interleave(o, step); err != nil {
+		err := measureRate(ctx, w, o, "unary-c"+strconv.Itoa(o.callers), "grpc", size, func(t transport, d time.Duration) (float64, error) {
+			return callsFor(ctx, g.clients[t.name], req, o.callers, d)
+		})
+		if err != nil {
 			return err
-		}
-		for _, t := range transports {
-			if !failed[t.name] {
-				if err := w.row(rateRow(cas, "grpc/"+t.name, size, rates[t.name], size)); err != nil {
-					return err
-				}
-			}
 		}
 	}
 	return nil
@@ -190,31 +169,11 @@ func callsFor(ctx context.Context, cl grpc_testing.BenchmarkServiceClient, req *
 // measureBidi interleaves the transports' bidirectional streams.
 func measureBidi(ctx context.Context, w *rowWriter, o options, g *grpcClients) error {
 	for _, size := range o.bidiSizes {
-		rates := map[string][]float64{}
-		failed := map[string]bool{}
-		step := func(t transport, d time.Duration, keep bool) error {
-			if failed[t.name] {
-				return nil
-			}
-			rate, err := bidiFor(ctx, g.clients[t.name], size, d)
-			if err != nil {
-				failed[t.name] = true
-				return w.fail(ctx, fmt.Errorf("bidi %d B over %s: %w", size, t.name, err))
-			}
-			if keep {
-				rates[t.name] = append(rates[t.name], rate)
-			}
-			return nil
-		}
-		if err := interleave(o, step); err != nil {
+		err := measureRate(ctx, w, o, "bidi", "grpc", size, func(t transport, d time.Duration) (float64, error) {
+			return bidiFor(ctx, g.clients[t.name], size, d)
+		})
+		if err != nil {
 			return err
-		}
-		for _, t := range transports {
-			if !failed[t.name] {
-				if err := w.row(rateRow("bidi", "grpc/"+t.name, size, rates[t.name], size)); err != nil {
-					return err
-				}
-			}
 		}
 	}
 	return nil

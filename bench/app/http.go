@@ -44,32 +44,11 @@ func (h *httpClients) close() {
 func measureHTTP(ctx context.Context, w *rowWriter, o options, h *httpClients) error {
 	for _, size := range o.httpSizes {
 		for _, clients := range o.clients {
-			cas := "get-c" + strconv.Itoa(clients)
-			rates := map[string][]float64{}
-			failed := map[string]bool{}
-			step := func(t transport, d time.Duration, keep bool) error {
-				if failed[t.name] {
-					return nil
-				}
-				rate, err := getFor(ctx, h.clients[t.name], size, clients, d)
-				if err != nil {
-					failed[t.name] = true
-					return w.fail(ctx, fmt.Errorf("%s %d B over %s: %w", cas, size, t.name, err))
-				}
-				if keep {
-					rates[t.name] = append(rates[t.name], rate)
-				}
-				return nil
-			}
-			if err := interleave(o, step); err != nil {
+			err := measureRate(ctx, w, o, "get-c"+strconv.Itoa(clients), "http", size, func(t transport, d time.Duration) (float64, error) {
+				return getFor(ctx, h.clients[t.name], size, clients, d)
+			})
+			if err != nil {
 				return err
-			}
-			for _, t := range transports {
-				if !failed[t.name] {
-					if err := w.row(rateRow(cas, "http/"+t.name, size, rates[t.name], size)); err != nil {
-						return err
-					}
-				}
 			}
 		}
 	}

@@ -315,6 +315,40 @@ func measureServed(ctx context.Context, w *rowWriter, o options, srv *server) er
 	return nil
 }
 
+// measureRate interleaves the transports' rate measurements of one case
+// and size (rate: operations a second over t for d), and writes a row for
+// each transport that did not fail, named kind/transport.
+func measureRate(ctx context.Context, w *rowWriter, o options, cas, kind string, size int,
+	rate func(t transport, d time.Duration) (float64, error)) error {
+	rates := map[string][]float64{}
+	failed := map[string]bool{}
+	step := func(t transport, d time.Duration, keep bool) error {
+		if failed[t.name] {
+			return nil
+		}
+		r, err := rate(t, d)
+		if err != nil {
+			failed[t.name] = true
+			return w.fail(ctx, fmt.Errorf("%s %d B over %s: %w", cas, size, t.name, err))
+		}
+		if keep {
+			rates[t.name] = append(rates[t.name], r)
+		}
+		return nil
+	}
+	if err := interleave(o, step); err != nil {
+		return err
+	}
+	for _, t := range transports {
+		if !failed[t.name] {
+			if err := w.row(rateRow(cas, kind+"/"+t.name, size, rates[t.name], size)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // interleave runs step for every transport: a warm-up of o.warm each,
 // then o.rounds rounds of o.slice each, the transports' order rotating.
 // keep is false for the warm-up.
