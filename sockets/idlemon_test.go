@@ -65,23 +65,36 @@ func TestIdleMonitorAcrossDevices(t *testing.T) {
 
 // TestConnMonitor: a connection reports its device's registration
 // monitor once the background start is over — the one the device's cache
-// runs, never a placeholder — and, as root with eBPF required here, the
-// eBPF monitor with its attach point.
+// runs, never the placeholder of the start — and, as root with eBPF
+// required here, the eBPF monitor with its attach point. The dial opens a
+// device of its own with no idle monitor to adopt: its monitor starts
+// loading with it.
 func TestConnMonitor(t *testing.T) {
-	c, s := pipe(t, nil, nil)
-	for _, conn := range []*Conn{c.(*Conn), s.(*Conn)} {
-		rep := conn.Monitor()
-		if rep.Starting || rep.Kind == pin.MonitorAuto {
-			t.Fatalf("Monitor() = %+v: still starting", rep)
-		}
-		if cur := conn.dev.nic.Cache().CurrentMonitor(); cur.Kind != rep.Kind || cur.Attach != rep.Attach {
-			t.Fatalf("Monitor() = %+v, the cache runs %+v", rep, cur)
-		}
-		if rep.Kind == pin.MonitorEBPF && rep.Attach == "" {
-			t.Fatalf("Monitor() = %+v: eBPF without its attach point", rep)
-		}
-		if os.Getenv("SANDIRECT_REQUIRE_EBPF") != "" && os.Geteuid() == 0 && rep.Kind != pin.MonitorEBPF {
-			t.Fatalf("Monitor() = %+v, want eBPF (SANDIRECT_REQUIRE_EBPF)", rep)
-		}
+	if err := pin.CloseIdleMonitors(); err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("@sandirect-connmon-%d", os.Getpid())
+	startPathListener(t, addr)
+	cfg := DefaultConfig()
+	cfg.MaxRegions = 4091 // devices are shared by configuration
+	d := Dialer{Config: &cfg}
+	c, err := d.Dial("sandirect", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn := c.(*Conn)
+	rep := conn.Monitor()
+	if rep.Starting || rep.Kind == pin.MonitorAuto {
+		t.Fatalf("Monitor() = %+v: still starting", rep)
+	}
+	if cur := conn.dev.nic.Cache().CurrentMonitor(); cur.Kind != rep.Kind || cur.Attach != rep.Attach {
+		t.Fatalf("Monitor() = %+v, the cache runs %+v", rep, cur)
+	}
+	if rep.Kind == pin.MonitorEBPF && rep.Attach == "" {
+		t.Fatalf("Monitor() = %+v: eBPF without its attach point", rep)
+	}
+	if os.Getenv("SANDIRECT_REQUIRE_EBPF") != "" && os.Geteuid() == 0 && rep.Kind != pin.MonitorEBPF {
+		t.Fatalf("Monitor() = %+v, want eBPF (SANDIRECT_REQUIRE_EBPF)", rep)
 	}
 }
