@@ -69,7 +69,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -1252,8 +1251,7 @@ func settleMemory(c net.Conn) {
 // measured and says so on it) the others; it writes a byte on the first
 // once every dial has returned, and waits until the parent closes it.
 func idlePeer(pc *peerConn, cmd ctlMsg) error {
-	runtime.GC()
-	freeMemory()
+	freeMemory() // a collection, then the heap's free pages back
 	if err := pc.ready(); err != nil {
 		return err
 	}
