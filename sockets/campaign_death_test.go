@@ -235,14 +235,14 @@ var deathCases = []deathCase{
 			if err != nil {
 				return err
 			}
-			_, err = c.Write(randBytes(10000))
+			_, err = c.Write(randBytes(eagerDeathBytes))
 			return err
 		},
 		parent: func(r *deathRun) {
 			c := r.accept()
 			r.notes.wait(r.t, "at "+string(stepDataSent))
-			got := make([]byte, c.maxPayload)
-			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, randBytes(10000)[:len(got)]) {
+			got := make([]byte, c.maxData)
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, randBytes(eagerDeathBytes)[:len(got)]) {
 				r.t.Fatalf("first message: %v", err)
 			}
 			r.start("read", readOnce(c))
@@ -589,6 +589,10 @@ func init() {
 		return fmt.Errorf("no case %q", name)
 	})
 }
+
+// eagerDeathBytes is the eager case's write: three data messages of the
+// default configuration (two of two credits' payload and a shorter one).
+const eagerDeathBytes = 40000
 
 func TestCampaignPeerDeath(t *testing.T) {
 	for _, tc := range deathCases {

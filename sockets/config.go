@@ -38,17 +38,20 @@ func (z ZeroCopy) String() string {
 // DefaultConfig(); a zero field means that field's default.
 type Config struct {
 	// BufferSize is the largest message this side receives, header
-	// included: the fragment of an eager write. Default 8232, 8 KiB of
-	// data and the 40-byte header (docs/protocol.md, "Eager": chosen by
-	// measurement).
+	// included, and the unit of credit: a data message may carry up to
+	// twice its payload and counts two credits then (protocol version 6),
+	// so that an eager write goes in fragments of 16 KiB while small
+	// messages each take one credit. Default 8232, 8 KiB of data and the
+	// 40-byte header (docs/protocol.md, "Eager": chosen by measurement).
 	BufferSize int
-	// Window is how many messages the peer may send unacknowledged: the
-	// credits granted to it. The last three are kept for control and
-	// credit messages. The ring from the peer holds Window+2 messages of
-	// BufferSize, rounded up to a power of two (512 KiB by default); it is
-	// mapped lazily, so an idle connection does not pay for it, a busy
-	// one does: its two rings, up to 1 MiB of shared memory by default,
-	// stay in memory until it closes. Default 60, chosen by measurement
+	// Window is how many credits the peer may use unacknowledged: a
+	// message takes one, a data message of more than one BufferSize's
+	// payload two. The last two are kept for control and credit messages.
+	// The ring from the peer holds Window+2 messages of BufferSize (the
+	// two for the padding of a wrap), rounded up to a power of two (512
+	// KiB by default); it is mapped lazily, so an idle connection does
+	// not pay for it, a busy one does: its two rings, up to 1 MiB of
+	// shared memory by default, stay in memory until it closes. Default 60, chosen by measurement
 	// (docs/protocol.md, "Eager"): a program with many busy connections
 	// and little to stream may halve the rings with 24.
 	Window int
@@ -287,7 +290,8 @@ func resolve(cfg *Config) (Config, error) {
 func recordSize(n int) int { return (8 + n + 7) &^ 7 }
 
 // ringCapacity is the nic ring size that holds window messages of
-// bufSize bytes plus the padding of a wrap.
+// bufSize bytes plus the padding of a wrap: less than the largest record,
+// a data message of two credits (unitsOf).
 func ringCapacity(window, bufSize int) int {
 	need := (window + 2) * recordSize(bufSize)
 	c := shm.MinRingCapacity

@@ -144,7 +144,7 @@ func (c *Conn) lendHeadLocked() []byte {
 	if e.held {
 		c.lending, c.lendStart, c.lendAck = true, e.start, c.ackBoundLocked()
 	}
-	c.consumeLocked(false)
+	c.consumeDataLocked(e.units)
 	c.popRxLocked()
 	return b
 }

@@ -7,7 +7,7 @@ import "os"
 // messages against ours and the acks we owe it; and a data message's wait
 // for credits.
 
-// credits returns how many more messages the peer can take now.
+// credits returns how many more credit units the peer can take now.
 func (c *Conn) creditsLocked() uint32 { return c.peerWindow - (c.sent.load() - c.peerAck.load()) }
 
 // Message classes: how many credits a message needs. Data keeps two
@@ -30,6 +30,47 @@ func classOf(t msgType) class {
 		return classCredit
 	}
 	return classControl
+}
+
+// unitsOf is how many credit units a message of type t with a payload of
+// n bytes counts: one, but two for a data message of more than one
+// message's payload (from unitsVersion; maxData says so). Both sides
+// compute it from the same lengths. A credit is a message's room in the
+// ring, which holds the window and the padding of a wrap of up to two
+// (ringCapacity): a message of two units fits where two of one do.
+func (c *Conn) unitsOf(t msgType, n int) uint32 {
+	if n > c.maxPayload && c.maxData > c.maxPayload && (t == msgShort || t == msgData) {
+		return 2
+	}
+	return 1
+}
+
+// msgUnits is unitsOf of a message as it lies in the ring, unchecked.
+func (c *Conn) msgUnits(msg []byte) uint32 {
+	if c.maxData == c.maxPayload || len(msg) == 0 {
+		return 1
+	}
+	switch t := msgType(msg[offType]); t {
+	case msgShort:
+		return c.unitsOf(t, len(msg)-shortHeaderSize)
+	case msgData:
+		return c.unitsOf(t, len(msg)-headerSize)
+	}
+	return 1
+}
+
+// msgLimit is the largest message of msg's type we take: a data message
+// of maxData bytes, anything else one of bufSize.
+func (c *Conn) msgLimit(msg []byte) int {
+	if c.maxData > c.maxPayload && len(msg) > 0 {
+		switch msgType(msg[offType]) {
+		case msgShort:
+			return shortHeaderSize + c.maxData
+		case msgData:
+			return headerSize + c.maxData
+		}
+	}
+	return c.bufSize
 }
 
 // canSendLocked tells whether a message of class k may go now: a free
@@ -68,8 +109,9 @@ func (c *Conn) ackBoundLocked() uint32 {
 	return c.consumed
 }
 
-// consumeLocked counts a message we are done with: its credit goes back
-// to the peer with our next ack (its ring space first: releaseLocked).
+// consumeLocked counts a message of one unit we are done with: its
+// credit goes back to the peer with our next ack (its ring space first:
+// releaseLocked).
 func (c *Conn) consumeLocked(credit bool) {
 	c.consumed++
 	if !credit {
@@ -77,23 +119,31 @@ func (c *Conn) consumeLocked(credit bool) {
 	}
 }
 
+// consumeDataLocked is consumeLocked of a data message of units credits.
+func (c *Conn) consumeDataLocked(units uint32) {
+	c.consumed += units
+	c.owedAt = c.consumed
+}
+
 // creditedLocked counts a message that came and takes its ack, and
 // aborts the connection if the peer had no credit for it or acknowledges
-// messages never sent. Credits: the peer may have at most window messages
+// messages never sent. Credits: the peer may have at most window units
 // unacknowledged, the last two of which only for control and credit
-// messages, the last one only for credit messages and aborts.
+// messages, the last one only for credit messages and aborts. The message
+// is the one nextMsgLocked took last (lastUnits).
 func (c *Conn) creditedLocked(h *header) bool { return c.creditLocked(h.Type(), h.Ack()) }
 
 // creditLocked is creditedLocked of a message of type t carrying ack.
 func (c *Conn) creditLocked(t msgType, ack uint32) bool {
 	limit := c.window - uint32(classOf(t)) + 1
 	ackSent := c.ackSent.load()
-	if c.received-ackSent >= limit {
+	u := c.lastUnits
+	if c.received-ackSent+u > limit {
 		c.upgradeLocked()
-		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-ackSent+1, c.window))
+		c.abortLocked(protoErr("%v sent without credit: %d unacknowledged, window %d", t, c.received-ackSent+u, c.window))
 		return false
 	}
-	c.received++
+	c.received += u
 	peerAck, sent := c.peerAck.load(), c.sent.load()
 	if ack-peerAck > sent-peerAck {
 		c.upgradeLocked()

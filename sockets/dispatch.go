@@ -57,7 +57,8 @@ func (c *Conn) nextMsgLocked() (data []byte, start uint64, ok bool) {
 	}
 	start = c.inPos
 	c.inPos = end
-	c.taken++
+	c.lastUnits = c.msgUnits(data)
+	c.taken += uint64(c.lastUnits)
 	c.interesting = true
 	return data, start, true
 }
@@ -86,8 +87,8 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	if c.err != nil && !c.errDrain {
 		return // aborted: nothing more is read
 	}
-	if len(msg) > c.bufSize {
-		c.abortLocked(protoErr("message of %d bytes, larger than our %d-byte messages", len(msg), c.bufSize))
+	if lim := c.msgLimit(msg); len(msg) > lim {
+		c.abortLocked(protoErr("message of %d bytes, larger than the %d bytes of its type", len(msg), lim))
 		return
 	}
 	if len(msg) > 0 && msgType(msg[offType]) == msgShort && c.helloDone {
@@ -227,6 +228,10 @@ func (c *Conn) onHelloLocked(h *header, payload []byte) {
 	c.peerMaxXfer = int(m.maxTransfer)
 	c.peerBell, c.peerBellKey = m.bellAddr, m.bellKey
 	c.maxPayload = min(c.bufSize, c.peerBufSize) - headerSize
+	c.maxData = c.maxPayload
+	if v >= unitsVersion {
+		c.maxData = 2 * c.maxPayload
+	}
 	c.helloDone = true
 }
 

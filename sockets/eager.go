@@ -28,8 +28,10 @@ func (c *Conn) eagerLocked(n int) bool {
 }
 
 // fitsLocked tells whether the credits we hold carry n bytes of data
-// messages now, with the credits data leaves to control messages.
+// messages now, with the credits data leaves to control messages. A
+// message counts a credit per maxPayload bytes it carries (unitsOf), so n
+// bytes need as many credits however they are cut.
 func (c *Conn) fitsLocked(n int) bool {
-	msgs := (n + c.maxPayload - 1) / c.maxPayload
-	return len(c.ctlq) == 0 && c.canSendLocked(classData) && int(c.creditsLocked())-int(classData)+1 >= msgs
+	units := (n + c.maxPayload - 1) / c.maxPayload
+	return len(c.ctlq) == 0 && c.canSendLocked(classData) && int(c.creditsLocked())-int(classData)+1 >= units
 }

@@ -118,9 +118,12 @@ const (
 // Protocol versions this implementation speaks.
 const (
 	protoMinVersion = 1
-	protoMaxVersion = 5 // 2: done may carry flagStaged; 3: split transfers (flagSplit); 4: flagChunk; 5: msgShort
+	protoMaxVersion = 6 // 2: done may carry flagStaged; 3: split transfers (flagSplit); 4: flagChunk; 5: msgShort; 6: two-unit data
 	// shortVersion is the first version with short data messages.
 	shortVersion = 5
+	// unitsVersion is the first version whose data messages may carry up
+	// to two messages' payload, counted as two credits (unitsOf).
+	unitsVersion = 6
 )
 
 // A short data message (msgShort, version 5) carries a header of the

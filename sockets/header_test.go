@@ -173,25 +173,25 @@ func TestHelloAndVersions(t *testing.T) {
 			t.Errorf("negotiate(%v, %v) = %d, %v", tc.a, tc.b, v, ok)
 		}
 	}
-	// End to end: a dialer that speaks only version 6 is refused.
+	// End to end: a dialer that speaks only version 7 is refused.
 	ln, err := Listen("sandirect", testAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cfg := Config{versions: [2]uint16{6, 6}}
+	cfg := Config{versions: [2]uint16{7, 7}}
 	d := Dialer{Config: &cfg}
 	if c, err := d.Dial("sandirect", ln.Addr().String()); !errors.Is(err, ErrVersion) {
 		if c != nil {
 			c.Close()
 		}
-		t.Fatalf("dial with version 6: %v, want ErrVersion", err)
+		t.Fatalf("dial with version 7: %v, want ErrVersion", err)
 	}
-	// One that speaks only 1 gets 1; 1 to 2, 2; 1 to 3, 3; 1 to 4, 4; 1 to 6, 5.
+	// One that speaks only 1 gets 1; 1 to 2, 2; and so on; 1 to 7, 6.
 	for _, tc := range []struct {
 		versions [2]uint16
 		want     uint16
-	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 2}, 2}, {[2]uint16{1, 3}, 3}, {[2]uint16{1, 4}, 4}, {[2]uint16{1, 6}, 5}} {
+	}{{[2]uint16{1, 1}, 1}, {[2]uint16{1, 2}, 2}, {[2]uint16{1, 3}, 3}, {[2]uint16{1, 4}, 4}, {[2]uint16{1, 5}, 5}, {[2]uint16{1, 7}, 6}} {
 		cfg.versions = tc.versions
 		go func() {
 			if c, err := ln.Accept(); err == nil {

@@ -38,7 +38,7 @@ func sizesAround(cfg Config) []int {
 	c := cfg.withDefaults()
 	pay := c.BufferSize - headerSize
 	var s []int
-	for _, t := range []int{1, pay, c.EagerThreshold, pay + c.CopyChunk, pay + c.CopyThreshold, pay + c.MaxTransfer, c.StagingSize, c.DirectRead, 2*pay + c.MaxTransfer} {
+	for _, t := range []int{1, pay, 2 * pay, c.EagerThreshold, pay + c.CopyChunk, pay + c.CopyThreshold, pay + c.MaxTransfer, c.StagingSize, c.DirectRead, 2*pay + c.MaxTransfer} {
 		for _, d := range []int{-1, 0, 1} {
 			if t+d > 0 {
 				s = append(s, t+d)
@@ -128,6 +128,10 @@ func integrityModes() map[string][2]Config {
 	w, r := smallConfig(), smallConfig()
 	w.SplitMin, r.SplitMin = 16<<10, 16<<10
 	modes["read/split"] = [2]Config{w, r}
+	// A writer of version 5, whose data messages count one credit each.
+	w, r = smallConfig(), smallConfig()
+	w.versions = [2]uint16{1, 5}
+	modes["read/version5"] = [2]Config{w, r}
 	return modes
 }
 

@@ -66,7 +66,7 @@ func (c *Conn) mustSpillLocked() bool {
 }
 
 // blockedLocked tells whether a handled message waits behind unread data:
-// more messages were taken since the first held entry than are held.
+// more credit units were taken since the first held entry than are held.
 func (c *Conn) blockedLocked() bool {
 	e := c.firstHeldLocked()
 	return e != nil && c.taken-e.seq > uint64(c.heldN)
@@ -86,17 +86,18 @@ func (c *Conn) firstHeldLocked() *rxEntry {
 }
 
 // holdLocked makes e, about to be queued, hold the ring space of the
-// message just taken from position start.
+// message just taken from position start (its units: lastUnits).
 func (c *Conn) holdLocked(e *rxEntry, start uint64) {
-	e.held, e.start, e.seq = true, start, c.taken-1
-	c.heldN++
+	e.units = c.lastUnits
+	e.held, e.start, e.seq = true, start, c.taken-uint64(e.units)
+	c.heldN += int(e.units)
 }
 
 // unholdLocked ends e's hold (read, or moved to the heap).
 func (c *Conn) unholdLocked(e *rxEntry) {
 	if e.held {
 		e.held = false
-		c.heldN--
+		c.heldN -= int(e.units)
 	}
 }
 
@@ -126,7 +127,7 @@ func (c *Conn) takeQueuedLocked(dst []byte) int {
 	k := copy(dst, e.data)
 	e.data = e.data[k:]
 	if len(e.data) == 0 {
-		c.consumeLocked(false)
+		c.consumeDataLocked(e.units)
 		c.popRxLocked()
 	}
 	return k

@@ -66,11 +66,12 @@ func (c *Conn) sendLocked(h *header, payload []byte) error {
 	c.reserved = false
 	// Published before the commit (pub32): the peer's answer to this
 	// message may reach the receive side at once.
-	sent, ackSent := c.sent.load()+1, c.ackSent.load()
+	units := c.unitsOf(h.Type(), len(payload))
+	sent, ackSent := c.sent.load()+units, c.ackSent.load()
 	c.sent.store(sent)
 	c.ackSent.store(ack)
 	if err := c.qp.CommitSend(n); err != nil {
-		c.sent.store(sent - 1)
+		c.sent.store(sent - units)
 		c.ackSent.store(ackSent)
 		if c.sendOnly {
 			return errNeedBoth
@@ -213,7 +214,9 @@ func (c *Conn) sendHelloLocked() error {
 	return err
 }
 
-// sendDataLocked sends the first bytes of b in one data message.
+// sendDataLocked sends the first bytes of b in one data message: of two
+// credits' payload when there is that much and the credits allow it
+// (unitsOf), else of one.
 func (c *Conn) sendDataLocked(b []byte) (int, error) {
 	// A fast Write checked the connection writable and its credits for
 	// all of its messages (fastWritableLocked), and nothing else sends
@@ -224,6 +227,9 @@ func (c *Conn) sendDataLocked(b []byte) (int, error) {
 		}
 	}
 	m := min(len(b), c.maxPayload)
+	if len(b) > m && c.maxData > m && c.creditsLocked() > uint32(classData) {
+		m = min(len(b), c.maxData)
+	}
 	t := msgData
 	if c.version >= shortVersion {
 		t = msgShort

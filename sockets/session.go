@@ -47,8 +47,9 @@ type session struct {
 	// after it.
 	inPos, relPos uint64
 	reserved      bool          // sendLocked holds a reservation in the ring to the peer
-	taken         uint64        // messages taken from the ring
-	heldN         int           // rx entries that hold ring space
+	taken         uint64        // credit units of the messages taken from the ring (unitsOf)
+	lastUnits     uint32        // the units of the message taken last (nextMsgLocked)
+	heldN         int           // credit units of the rx entries that hold ring space
 	interesting   bool          // a dispatch round saw more than send completions
 	wantSend      bool          // a writer waits for a free send buffer
 	changed       chan struct{} // closed after each round of dispatch; nil if nobody waits
@@ -78,17 +79,19 @@ type session struct {
 	peerMaxXfer int
 	peerBell    uint64
 	peerBellKey uint64
-	maxPayload  int // largest payload of one message to the peer
+	maxPayload  int // largest payload of one message to the peer: one credit's
+	maxData     int // largest payload of one data message: maxPayload, or two credits' (unitsVersion)
 	maxInline   int // messages of at most this many bytes are sent inline, unsignaled
 
-	// Credits (see docs/protocol.md). All counts wrap at 2^32 and are
-	// compared by unsigned differences.
+	// Credits (see docs/protocol.md). All counts are of credit units — a
+	// message counts one, a data message of more than maxPayload bytes two
+	// (unitsOf) — wrap at 2^32 and are compared by unsigned differences.
 	// sent and ackSent are the send side's, peerAck and ackPub the
 	// receive side's; each is read by the other side's fast path (connMu).
-	sent          pub32  // messages we sent
+	sent          pub32  // units of the messages we sent
 	peerAck       pub32  // how many of them the peer consumed (its last ack)
 	lastNonCredit uint32 // sent, as of our last message that was not a credit
-	received      uint32 // messages the peer sent us that arrived
+	received      uint32 // units of the messages the peer sent us that arrived
 	consumed      uint32 // how many of them we are done with (read, or handled)
 	ackSent       pub32  // the ack our last message carried (what the peer knows)
 	// ackPub is the ack a message may carry now (ackableLocked), as of the
@@ -178,7 +181,8 @@ type rxEntry struct {
 	// given back once the entry is read (or its bytes moved to the heap).
 	held  bool
 	start uint64
-	seq   uint64 // the message's number among those taken (holdLocked)
+	seq   uint64 // the credit units taken before the message (holdLocked)
+	units uint32 // the credits it counts (unitsOf)
 	data  []byte // unread inline bytes
 	// rts:
 	id         uint32

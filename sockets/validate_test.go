@@ -203,6 +203,28 @@ var attacks = []attack{
 		}
 		return nil, nil
 	}, whole: true},
+	// A data message of more than one message's payload counts two
+	// credits: with three left, a one-credit message would pass (the
+	// last two are kept for control and credit messages), this one not.
+	{name: "two units without credit", reason: "without credit", lie: func(bad *Conn) (func() error, error) {
+		for i := 0; i < int(bad.peerWindow)-3; i++ {
+			if err := rawSendErr(bad, hdr(msgData, nil), []byte("flood")); err != nil {
+				return nil, err
+			}
+		}
+		return nil, rawSendErr(bad, hdr(msgData, nil), make([]byte, bad.maxPayload+1))
+	}, whole: true},
+	{name: "data past two units", reason: "larger than the", lie: func(bad *Conn) (func() error, error) {
+		h := hdr(msgData, nil)
+		h.SetLen(uint32(bad.maxData + 1))
+		return nil, rawPost(bad, append(h[:], make([]byte, bad.maxData+1)...))
+	}},
+	{name: "short past two units", reason: "larger than the", lie: func(bad *Conn) (func() error, error) {
+		return nil, rawPost(bad, append([]byte{byte(msgShort), 0, 0, 0, 0, 0, 0, 0}, make([]byte, bad.maxData+1)...))
+	}},
+	{name: "two units in version 5", cfg: &Config{versions: [2]uint16{1, 5}}, reason: "larger than the", lie: func(bad *Conn) (func() error, error) {
+		return nil, rawPost(bad, append([]byte{byte(msgShort), 0, 0, 0, 0, 0, 0, 0}, make([]byte, bad.maxPayload+headerSize)...))
+	}},
 	{name: "ack of unsent", reason: "never sent", lie: func(bad *Conn) (func() error, error) {
 		bad.mu.Lock()
 		bad.consumed += 1000
