@@ -47,8 +47,8 @@ func (c *Conn) unitsOf(t msgType, n int) uint32 {
 
 // msgUnits is unitsOf of a message as it lies in the ring, unchecked.
 func (c *Conn) msgUnits(msg []byte) uint32 {
-	if c.maxData == c.maxPayload || len(msg) == 0 {
-		return 1
+	if len(msg) <= c.maxPayload+shortHeaderSize || c.maxData == c.maxPayload {
+		return 1 // no header is shorter than a short one's
 	}
 	switch t := msgType(msg[offType]); t {
 	case msgShort:
@@ -71,6 +71,12 @@ func (c *Conn) msgLimit(msg []byte) int {
 		}
 	}
 	return c.bufSize
+}
+
+// tooLong tells whether msg is longer than msgLimit allows; most messages
+// are no longer than bufSize, which every type allows.
+func (c *Conn) tooLong(msg []byte) bool {
+	return len(msg) > c.bufSize && len(msg) > c.msgLimit(msg)
 }
 
 // canSendLocked tells whether a message of class k may go now: a free

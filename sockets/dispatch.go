@@ -57,8 +57,12 @@ func (c *Conn) nextMsgLocked() (data []byte, start uint64, ok bool) {
 	}
 	start = c.inPos
 	c.inPos = end
-	c.lastUnits = c.msgUnits(data)
-	c.taken += uint64(c.lastUnits)
+	u := uint32(1)
+	if len(data) > c.maxPayload+shortHeaderSize { // else one unit: msgUnits
+		u = c.msgUnits(data)
+	}
+	c.lastUnits = u
+	c.taken += uint64(u)
 	c.interesting = true
 	return data, start, true
 }
@@ -87,8 +91,8 @@ func (c *Conn) onRecvLocked(msg []byte, start uint64) {
 	if c.err != nil && !c.errDrain {
 		return // aborted: nothing more is read
 	}
-	if lim := c.msgLimit(msg); len(msg) > lim {
-		c.abortLocked(protoErr("message of %d bytes, larger than the %d bytes of its type", len(msg), lim))
+	if c.tooLong(msg) {
+		c.abortLocked(protoErr("message of %d bytes, larger than the %d bytes of its type", len(msg), c.msgLimit(msg)))
 		return
 	}
 	if len(msg) > 0 && msgType(msg[offType]) == msgShort && c.helloDone {

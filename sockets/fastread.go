@@ -95,7 +95,7 @@ func (c *Conn) takeDataLocked(dst, msg []byte, start uint64, n *int) bool {
 	var ack uint32
 	var err error
 	switch {
-	case len(msg) > c.msgLimit(msg) || len(msg) == 0:
+	case len(msg) == 0 || c.tooLong(msg):
 		err = errNotData
 	case msgType(msg[offType]) == msgShort && c.version >= shortVersion:
 		ack, payload, err = shortFields(msg)
