@@ -282,6 +282,7 @@ func TestIntegrityAcrossProcesses(t *testing.T) {
 		{"read/auto", "sink"}, {"read/always", "source"}, {"read/never", "sink"},
 		{"write/auto", "source"}, {"write/never", "sink"}, {"write/always", "source"},
 		{"read/split", "sink"}, {"read/split", "source"},
+		{"read/version5", "sink"}, {"read/version5", "source"},
 	} {
 		name, mode := tc.name, tc.mode
 		{
