@@ -51,9 +51,10 @@ type Config struct {
 	// two for the padding of a wrap), rounded up to a power of two (512
 	// KiB by default); it is mapped lazily, so an idle connection does
 	// not pay for it, a busy one does: its two rings, up to 1 MiB of
-	// shared memory by default, stay in memory until it closes. Default 60, chosen by measurement
-	// (docs/protocol.md, "Eager"): a program with many busy connections
-	// and little to stream may halve the rings with 24.
+	// shared memory by default, stay in memory until it closes. Default
+	// 60, chosen by measurement (docs/protocol.md, "Eager"): a program
+	// with many busy connections and little to stream may halve the rings
+	// with 24.
 	Window int
 	// SendBuffers is the send part of the control-message pool. Default 4.
 	SendBuffers int

@@ -45,7 +45,11 @@ func (c *Conn) unitsOf(t msgType, n int) uint32 {
 	return 1
 }
 
-// msgUnits is unitsOf of a message as it lies in the ring, unchecked.
+// msgUnits is unitsOf of a message as it lies in the ring, unchecked: it
+// reads the type once more than the parse does, and a peer that changes
+// it in between misleads only the credit count of its own connection
+// (received against consumed: fewer credits back, an earlier abort), never
+// a length or an index this side uses.
 func (c *Conn) msgUnits(msg []byte) uint32 {
 	if len(msg) <= c.maxPayload+shortHeaderSize || c.maxData == c.maxPayload {
 		return 1 // no header is shorter than a short one's

@@ -20,8 +20,9 @@
 // Messages travel in the queue pair's rings, a window of them each way
 // (the peer's credits). A write up to one message's payload (8 KiB) is
 // one data message; up to Config.EagerThreshold (128 KiB), when the
-// credits carry it, data messages that the reader copies out while the
-// writer copies the next in. Larger ones send
+// credits carry it, data messages of up to 16 KiB (two credits each,
+// protocol version 6) that the reader copies out while the writer copies
+// the next in. Larger ones send
 // their first part inline in an rts stating the total, then the rest by
 // rendezvous: the read rendezvous when the peer performs RDMA Reads (we
 // expose the source, it reads, it says done), or the write rendezvous
