@@ -54,27 +54,38 @@ func (c *Conn) msgUnits(msg []byte) uint32 {
 	if len(msg) <= c.maxPayload+shortHeaderSize || c.maxData == c.maxPayload {
 		return 1 // no header is shorter than a short one's
 	}
-	switch t := msgType(msg[offType]); t {
-	case msgShort:
-		return c.unitsOf(t, len(msg)-shortHeaderSize)
-	case msgData:
-		return c.unitsOf(t, len(msg)-headerSize)
+	if t, n, ok := dataPayload(msg); ok {
+		return c.unitsOf(t, n)
 	}
 	return 1
 }
 
 // msgLimit is the largest message of msg's type we take: a data message
-// of maxData bytes, anything else one of bufSize.
+// of maxData bytes, anything else one of bufSize. Not inlined: tooLong,
+// on every message's path, stays small enough to be, and calls it only
+// for a message longer than bufSize.
+//
+//go:noinline
 func (c *Conn) msgLimit(msg []byte) int {
-	if c.maxData > c.maxPayload && len(msg) > 0 {
-		switch msgType(msg[offType]) {
-		case msgShort:
-			return shortHeaderSize + c.maxData
-		case msgData:
-			return headerSize + c.maxData
-		}
+	if _, n, ok := dataPayload(msg); ok && c.maxData > c.maxPayload {
+		return len(msg) - n + c.maxData // its header's length, and maxData
 	}
 	return c.bufSize
+}
+
+// dataPayload tells whether msg, as it lies in the ring, is a data
+// message by its type, and its payload's length if so.
+func dataPayload(msg []byte) (t msgType, n int, ok bool) {
+	if len(msg) == 0 {
+		return 0, 0, false
+	}
+	switch t = msgType(msg[offType]); t {
+	case msgShort:
+		return t, len(msg) - shortHeaderSize, true
+	case msgData:
+		return t, len(msg) - headerSize, true
+	}
+	return 0, 0, false
 }
 
 // tooLong tells whether msg is longer than msgLimit allows; most messages
