@@ -12,6 +12,7 @@ import (
 	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/internal/quiesce"
+	"github.com/sandirect/sandirect/internal/sys"
 	"github.com/sandirect/sandirect/pin"
 	"github.com/sandirect/sandirect/shm"
 )
@@ -232,6 +233,11 @@ func Open(cfg *Config) (*Device, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	// The rings' fence-free ways need this process registered for global
+	// memory barriers, which takes milliseconds: begun here, in the
+	// background, so that a listener's first accept and a dialer's first
+	// connection need not wait for it (shm.NewProducer).
+	sys.MembarrierStart()
 	// Peers get the fd: they may map it for reading only.
 	seg, err := shm.CreateReadOnlySegment("regtable", kindRegTable, regTableSize(c.MaxRegions))
 	if err != nil {

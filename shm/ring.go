@@ -202,6 +202,7 @@ type Producer struct {
 	ring
 	tailPos   uint64 // next record position (private)
 	fenceFree bool   // a consumer's global barrier reaches this process (sys.MembarrierRegister)
+	watch     bool   // the registration was under way at the last look (noteBarriers)
 	headCache uint64 // consumer's head as last loaded and validated
 	resvSize  uint64 // record bytes reserved by Reserve, 0 if none
 	resvPay   int    // payload bytes reserved
@@ -225,12 +226,34 @@ func NewProducer(region []byte, cfg WaitConfig) (*Producer, error) {
 	// its commits may skip their fence while the consumer spins. And it
 	// can issue one: the consumer may release records without a fence,
 	// since this producer issues the barrier before it sleeps for space
-	// (spaceWait.Arm).
-	p.fenceFree = sys.MembarrierRegister() == nil
-	if p.fenceFree {
-		store32(p.pFences, 1) // publishes: releases may skip their fence
-	}
+	// (spaceWait.Arm). The registration runs in the background (it takes
+	// milliseconds): until it is through, commits fence, and the first
+	// commit after it takes the fence-free way (noteBarriers).
+	sys.MembarrierStart()
+	p.watch = true
+	p.noteBarriers()
 	return p, nil
+}
+
+// barrierState is sys.MembarrierState; tests replace it to hold a ring
+// in the time before the registration is through.
+var barrierState = sys.MembarrierState
+
+// noteBarriers looks at the process's registration for global barriers,
+// which was under way at the last look (watch), and takes the fence-free
+// ways once it is through: from then on, this producer issues a global
+// barrier before it sleeps for space (spaceWait.Arm, on this goroutine,
+// so it sees fenceFree set before any consumer sees pFences), and says
+// so to the consumer.
+func (p *Producer) noteBarriers() {
+	switch barrierState() {
+	case sys.MembarrierReady:
+		p.watch = false
+		p.fenceFree = true
+		store32(p.pFences, 1) // publishes: releases may skip their fence
+	case sys.MembarrierFailed:
+		p.watch = false
+	}
 }
 
 // Released returns the consumer's position as this producer last loaded
@@ -311,6 +334,9 @@ func (p *Producer) Commit(tag uint16, n int) error {
 		// Publishes the record: header last, sequentially consistent:
 		// the doorbell check below must not pass it.
 		store64(hdr, h)
+		if p.watch {
+			p.noteBarriers()
+		}
 	}
 	p.tailPos += size
 	p.resvSize = 0
@@ -436,6 +462,8 @@ type Consumer struct {
 	headPos  uint64 // next record position (private)
 	released uint64 // head as last published
 	unfenced bool   // a producer's global barrier reaches this process (sys.MembarrierRegister)
+	watch    bool   // the registration was under way at the last look (noteBarriers)
+	spinDue  bool   // SetSpinning's declaration, made once the registration is through
 	stats    WaitStats
 	got      Record // what Next's wait found
 	gotErr   error
@@ -452,8 +480,30 @@ func NewConsumer(region []byte, cfg WaitConfig) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: ring head %d", ErrCorrupt, head)
 	}
 	c.headPos, c.released = head, head
-	c.unfenced = sys.MembarrierRegister() == nil
+	// In the background, as for the producer: releases fence until the
+	// registration is through.
+	sys.MembarrierStart()
+	c.watch = true
+	c.noteBarriers()
 	return c, nil
+}
+
+// noteBarriers looks at the process's registration for global barriers,
+// which was under way at the last look (watch): once it is through, the
+// producer's barriers reach this process, and releases may skip their
+// fence when the producer says it issues them (publishHead).
+func (c *Consumer) noteBarriers() {
+	switch barrierState() {
+	case sys.MembarrierReady:
+		c.watch = false
+		c.unfenced = true
+		if c.spinDue {
+			c.spinDue = false
+			store32(c.cSpins, 1) // SetSpinning's declaration
+		}
+	case sys.MembarrierFailed:
+		c.watch, c.spinDue = false, false
+	}
 }
 
 // Stats returns the consumer's wait counters. Call it from the goroutine
@@ -557,9 +607,19 @@ func (w *nextWait) Arm(bell uint32) { (*Consumer)(w).armBell(bell) }
 // declaration back first, at the cost of one global memory barrier
 // (armBell). It needs membarrier(2)'s global expedited barriers; without
 // them it says why, and the producer fences every commit as before.
+//
+// While the process's registration for those barriers is under way (it
+// runs in the background: sys.MembarrierStart), the declaration waits for
+// it: the first release after it is through makes it (noteBarriers).
 func (c *Consumer) SetSpinning() error {
-	if err := sys.MembarrierRegister(); err != nil {
-		return err
+	switch barrierState() {
+	case sys.MembarrierPending:
+		sys.MembarrierStart()
+		c.spinDue = true
+		c.watch = true
+		return nil
+	case sys.MembarrierFailed:
+		return sys.MembarrierRegister() // its reason
 	}
 	store32(c.cSpins, 1) // publishes: commits may skip their fence
 	return nil
@@ -575,6 +635,9 @@ func (c *Consumer) SetSpinning() error {
 // its doorbell check), so no wake-up is lost either way.
 func (c *Consumer) armBell(bell uint32) {
 	store32(c.cBell, bell) // publishes: wake this waiter
+	if bell != 0 {
+		c.spinDue = false // a declaration not made yet is taken back too
+	}
 	if bell == 0 || load32(c.cSpins) == 0 {
 		return
 	}
@@ -611,6 +674,9 @@ func (c *Consumer) publishHead(pos uint64) {
 		storeRelease64(c.head, pos)
 	} else {
 		store64(c.head, pos)
+		if c.watch {
+			c.noteBarriers()
+		}
 	}
 	c.released = pos
 	c.wake(c.pBell, &c.stats.Wakes)

@@ -12,3 +12,11 @@
 // fails with an error that matches feature.ErrNotSupported and names the
 // call, as cilium/ebpf does off Linux.
 package sys
+
+// The states of this process's registration for global memory barriers
+// (MembarrierState).
+const (
+	MembarrierPending int32 = iota // not started, or under way
+	MembarrierReady                // registered: global barriers reach this process
+	MembarrierFailed               // not available here (MembarrierRegister says why)
+)

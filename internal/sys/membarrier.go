@@ -5,6 +5,7 @@ package sys
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,32 +17,63 @@ const (
 	membarrierRegisterGlobalExpedited = 1 << 2
 )
 
-var membarrierOnce struct {
-	sync.Once
-	err error
+var membarrier struct {
+	once  sync.Once
+	done  chan struct{} // closed when the registration has answered
+	state atomic.Int32
+	err   error // set before done is closed
 }
 
-// MembarrierRegister registers this process for global expedited memory
-// barriers (MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, Linux 4.16): from
-// then on, a MembarrierGlobal of any process makes every thread of this
-// one that runs at that moment execute a full memory barrier. Only the
-// first call does the work; later ones return its answer.
-func MembarrierRegister() error {
-	membarrierOnce.Do(func() {
-		got, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierQuery, 0, 0)
-		switch {
-		case errno != 0:
-			membarrierOnce.err = fmt.Errorf("membarrier query: %w", errno)
-			return
-		case got&(membarrierGlobalExpedited|membarrierRegisterGlobalExpedited) != membarrierGlobalExpedited|membarrierRegisterGlobalExpedited:
-			membarrierOnce.err = fmt.Errorf("membarrier: no global expedited barriers (commands %#x)", got)
-			return
-		}
-		if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierRegisterGlobalExpedited, 0, 0); errno != 0 {
-			membarrierOnce.err = fmt.Errorf("membarrier register: %w", errno)
-		}
+// MembarrierStart begins registering this process for global expedited
+// memory barriers (MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, Linux 4.16)
+// in the background, once: from then on, a MembarrierGlobal of any
+// process makes every thread of this one that runs at that moment execute
+// a full memory barrier. The registration waits for an RCU grace period
+// in the kernel, which took 8–15 ms on a 2-vCPU KVM guest (Linux 6.18):
+// longer than a whole first dial should, so nothing waits for it unless it
+// must (MembarrierRegister). MembarrierState tells where it is.
+func MembarrierStart() {
+	membarrier.once.Do(func() {
+		membarrier.done = make(chan struct{})
+		go func() {
+			err := membarrierRegister()
+			membarrier.err = err
+			if err == nil {
+				membarrier.state.Store(MembarrierReady)
+			} else {
+				membarrier.state.Store(MembarrierFailed)
+			}
+			close(membarrier.done)
+		}()
 	})
-	return membarrierOnce.err
+}
+
+// MembarrierState returns the registration's state now, without waiting:
+// MembarrierPending, MembarrierReady or MembarrierFailed.
+func MembarrierState() int32 { return membarrier.state.Load() }
+
+// MembarrierRegister starts the registration if it has not started
+// (MembarrierStart), waits for it, and returns its answer: nil when
+// global barriers reach this process.
+func MembarrierRegister() error {
+	MembarrierStart()
+	<-membarrier.done
+	return membarrier.err
+}
+
+// membarrierRegister is the registration itself.
+func membarrierRegister() error {
+	got, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierQuery, 0, 0)
+	switch {
+	case errno != 0:
+		return fmt.Errorf("membarrier query: %w", errno)
+	case got&(membarrierGlobalExpedited|membarrierRegisterGlobalExpedited) != membarrierGlobalExpedited|membarrierRegisterGlobalExpedited:
+		return fmt.Errorf("membarrier: no global expedited barriers (commands %#x)", got)
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierRegisterGlobalExpedited, 0, 0); errno != 0 {
+		return fmt.Errorf("membarrier register: %w", errno)
+	}
+	return nil
 }
 
 // MembarrierGlobal makes every running thread of every process registered

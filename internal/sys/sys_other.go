@@ -200,6 +200,8 @@ func MapShared(int, int, bool) ([]byte, error)    { return nil, unsupported("mma
 func MapSharedReadOnly(int, int) ([]byte, error)  { return nil, unsupported("mmap") }
 func MapAnon(int) ([]byte, error)                 { return nil, unsupported("mmap") }
 func MembarrierRegister() error                   { return unsupported("membarrier") }
+func MembarrierStart()                            {}
+func MembarrierState() int32                      { return MembarrierFailed }
 func MembarrierGlobal() error                     { return unsupported("membarrier") }
 func Munmap([]byte) error                         { return unsupported("munmap") }
 func ProtectNone([]byte) error                    { return unsupported("mprotect") }
