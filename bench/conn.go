@@ -1109,7 +1109,13 @@ func connServe(c io.ReadWriter, counted bool) error {
 		if size < 8 || size > 1<<30 {
 			return fmt.Errorf("message size %d", size)
 		}
-		buf, err := messageFor(c, int(size)) // echoed: written from as well
+		// The answer goes out of a buffer of its own, as ucx_perftest's
+		// and fi_pingpong's responders send theirs: the bytes just
+		// received are not sent back from where they landed, which
+		// would have the other side read lines this core has just
+		// written (docs/peers.md, "The responder's buffers").
+		buf := make([]byte, size)
+		out, err := messageFor(c, int(size))
 		if err != nil {
 			return err
 		}
@@ -1128,7 +1134,8 @@ func connServe(c io.ReadWriter, counted bool) error {
 			}
 			switch op {
 			case connOpPing:
-				if _, err := c.Write(buf); err != nil {
+				putStamp(out, s) // the echo: the stamp, both ends
+				if _, err := c.Write(out); err != nil {
 					return err
 				}
 			case connOpStream:

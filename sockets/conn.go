@@ -497,6 +497,11 @@ func (c *Conn) write(b []byte) (n int, err error) {
 	large := !c.eagerLocked(len(b))               // eager.go
 	c.bigWrite = large && !c.dev.pinnable(len(b)) // lowmem.go
 	c.waitedWrite = large && c.copyInFlight == 0  // copyChunk
+	c.lw = c.waitedWrite && c.learnableLocked(b)  // policy.go: sourceLearner
+	if c.lw {
+		c.lwStart, c.lwBytes, c.lwMixed = time.Now(), len(b), false
+		c.lwZC = c.learn.zeroCopy()
+	}
 	if large {
 		// What the source choice learns from: is this the buffer of the
 		// previous large write (the application reuses its buffers)?
@@ -540,7 +545,7 @@ func (c *Conn) fastWritableLocked(n int) bool {
 // path: it takes both halves, keeping the write gate so that no other
 // Write comes between its messages, and goes on there.
 func (c *Conn) writeFastLocked(b []byte) (n int, err error) {
-	c.bigWrite, c.waitedWrite = false, false
+	c.bigWrite, c.waitedWrite, c.lw = false, false, false
 	for n < len(b) {
 		c.writeN = n
 		m, err := c.sendDataLocked(b[n:])

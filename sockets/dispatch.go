@@ -403,6 +403,9 @@ func (c *Conn) onDoneLocked(h *header) {
 		c.dev.pieces.record(x.nt, int(x.size), max(x.copyD, now.Sub(start)))
 	}
 	c.lastDone = now
+	if x.learnBytes > 0 {
+		c.learn.record(x.learnZC, now.Sub(x.learnStart), x.learnBytes)
+	}
 	c.releaseSourceLocked(x)
 	c.stats.count(cBytesReadRdv, uint64(x.size))
 }

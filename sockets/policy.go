@@ -1,6 +1,9 @@
 package sockets
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // The choices of a large write's path, as pure functions of what the
 // connection knows (UCX chooses its protocols so, and tests the choice as
@@ -24,6 +27,7 @@ type sourceFacts struct {
 	split           bool        // offered as a split transfer
 	peerStages      bool        // the peer's last done said it read through staging
 	reused          bool        // the previous large write's buffer
+	learnedZC       bool        // the connection's measurements favour zero copy for this write (sourceLearner)
 	cached          func() bool // in the registration cache (asked last: a lookup)
 }
 
@@ -74,11 +78,12 @@ func chooseSource(f *sourceFacts) (copied bool, why sourceWhy) {
 		// The peer reads half of our buffer while we write the other
 		// half into its, each side one copy of half the bytes.
 		return false, whyConfig
-	case f.zeroCopyMax == 0 || f.n > f.zeroCopyMax:
+	case !f.learnedZC && (f.zeroCopyMax == 0 || f.n > f.zeroCopyMax):
 		// Copies in CopyChunk pieces pipeline: we copy a piece while the
 		// peer takes the one before, faster than the peer's
 		// cross-memory read of our buffer (docs/performance.md, "Copy
-		// or zero copy").
+		// or zero copy") — unless, for a write the reader waits for,
+		// this connection measured otherwise (sourceLearner).
 		return true, whyConfig
 	case f.copyInFlight > 0 && f.copyInFlight+f.n > f.maxCopyInFlight:
 		// The peer is behind: a copy would not let the write return
@@ -143,4 +148,89 @@ func offerSplit(f *splitOfferFacts) bool {
 // costs more than the split saves).
 func acceptSplit(n, splitMin int, reused bool, cached func() bool) bool {
 	return splitMin > 0 && n >= splitMin && (reused || cached != nil && cached())
+}
+
+// sourceLearner chooses, for the large writes that a reader waits for
+// (request and answer: no copy of ours in flight when the write starts),
+// between the two ways a read rendezvous's source can go, from how long
+// each took on this connection: copied in pieces, which the writer and the
+// reader copy one after the other, pipelined (two copies of every byte),
+// or registered in place and read by the peer in one cross-process copy.
+// Which is faster depends on the host and on the application, not on the
+// size alone: on an AMD EPYC guest the pieces won by 2× at 1 MiB, on an
+// Intel Xeon guest the single read did — when the source was not just
+// written by the other side of the connection's own copy, as an echo's is
+// (docs/performance.md, "Copy or zero copy, learned"). So it measures the
+// time from a write's start to the peer's done for its last piece, per
+// byte: a block of learnBlock writes each way, the median of each block
+// deciding (the first write of a buffer pins it, and a host's hiccups
+// come and go), then the faster way for learnRun writes, then both again.
+type sourceLearner struct {
+	zc      bool                // the way asked for now
+	explore int                 // 0: running the faster way; 1, 2: measuring copied, then zero copy
+	k       int                 // writes of this block or run so far
+	asked   int                 // writes asked for since this measuring began
+	run     int                 // the run's length
+	got     [learnBlock]float64 // the block's samples, ns per KiB
+	med     [2]float64          // the last blocks' medians: copied, zero copy
+}
+
+// Learning parameters.
+const (
+	learnBlock  = 8    // writes measured each way in a row
+	learnRun    = 256  // writes the faster way then goes, before both are measured again
+	learnRunFar = 1024 // the same when the slower way took 1.5× the faster's time or more
+)
+
+// zeroCopy tells whether the next waited write should go zero copy.
+func (l *sourceLearner) zeroCopy() bool {
+	if l.explore == 0 {
+		if l.k++; l.k > l.run {
+			l.explore, l.k, l.asked, l.zc = 1, 0, 0, false // measure again: copied first
+		}
+	} else if l.asked++; l.asked > 4*learnBlock {
+		// The writes do not go the way asked for (the facts overrule
+		// it: a new buffer each time, a deadline): copied, as before,
+		// and measured again later.
+		l.explore, l.k, l.run, l.zc = 0, 0, learnRunFar, false
+	}
+	return l.zc
+}
+
+// record adds a write of n bytes that went the way asked for and took d
+// from its start to the peer's last done.
+func (l *sourceLearner) record(zc bool, d time.Duration, n int) {
+	if l.explore == 0 || zc != l.zc || n <= 0 || d <= 0 || l.k >= learnBlock {
+		return
+	}
+	l.got[l.k] = float64(d) / float64(n) * 1024
+	if l.k++; l.k < learnBlock {
+		return
+	}
+	g := l.got
+	slices.Sort(g[:])
+	m := (g[learnBlock/2-1] + g[learnBlock/2]) / 2
+	if l.explore == 1 {
+		l.med[0] = m
+		l.explore, l.k, l.asked, l.zc = 2, 0, 0, true
+		return
+	}
+	l.med[1] = m
+	l.zc = l.med[1] < l.med[0]
+	l.explore, l.k, l.run = 0, 0, learnRun
+	if hi, lo := max(l.med[0], l.med[1]), min(l.med[0], l.med[1]); hi >= 1.5*lo {
+		l.run = learnRunFar
+	}
+}
+
+// learnableLocked tells whether the write of b, which found no copy of
+// ours in flight, is one the source learner chooses for and measures: a
+// read rendezvous whose source either way could take (the switch left to
+// the connection, no deadline, not too large to pin, not a buffer the
+// peer maps, short of a split transfer's size).
+func (c *Conn) learnableLocked(b []byte) bool {
+	n := len(b) - c.maxPayload
+	return c.cfg.ZeroCopy == ZeroCopyAuto && c.peerRead && !c.bigWrite &&
+		n >= c.cfg.CopyThreshold && (c.cfg.SplitMin <= 0 || len(b) < c.cfg.SplitMin) &&
+		!c.wdl.isSet.Load() && !c.sharedSource(b)
 }

@@ -1,6 +1,8 @@
 package sockets
 
 import (
+	"bytes"
+	"io"
 	"testing"
 	"time"
 )
@@ -32,6 +34,16 @@ func TestChooseSource(t *testing.T) {
 		{"shared buffer", func(f *sourceFacts) { f.shared = true; f.reused = false }, false, whyShared},
 		{"split", func(f *sourceFacts) { f.split = true; f.zeroCopyMax = 0 }, false, whyConfig},
 		{"pieces pipeline (default ZeroCopyMax)", func(f *sourceFacts) { f.zeroCopyMax = 0 }, true, whyConfig},
+		{"learned zero copy", func(f *sourceFacts) { f.zeroCopyMax = 0; f.learnedZC = true }, false, whyConfig},
+		{"learned zero copy, above ZeroCopyMax", func(f *sourceFacts) { f.n = 2 << 20; f.learnedZC = true }, false, whyConfig},
+		{"learned zero copy, deadline", func(f *sourceFacts) { f.zeroCopyMax = 0; f.learnedZC = true; f.deadline = true }, true, whyConfig},
+		{"learned zero copy, new buffer", func(f *sourceFacts) {
+			f.zeroCopyMax = 0
+			f.learnedZC = true
+			f.reused = false
+			f.cached = cached(false)
+		}, true, whyNewBuffer},
+		{"learned zero copy, never", func(f *sourceFacts) { f.learnedZC = true; f.mode = ZeroCopyNever }, true, whyConfig},
 		{"above ZeroCopyMax", func(f *sourceFacts) { f.n = 2 << 20 }, true, whyConfig},
 		{"peer behind", func(f *sourceFacts) { f.copyInFlight = 4 << 20; f.peerStages = true }, false, whyConfig},
 		{"peer stages", func(f *sourceFacts) { f.peerStages = true }, true, whyPeerStages},
@@ -130,4 +142,130 @@ func TestCopyChunk(t *testing.T) {
 			t.Errorf("%s: piece of %d, want %d", c.name, got, c.want)
 		}
 	}
+}
+
+// TestSourceLearner: a block of writes copied, then a block zero copy,
+// the faster way by the blocks' medians for a run, then both measured
+// again; a slower way far behind waits longer; a block whose writes go
+// another way than asked gives up. Each step fails if the learner takes a
+// way its measurements do not favour.
+func TestSourceLearner(t *testing.T) {
+	const n = 1 << 20
+	us := func(v float64) time.Duration { return time.Duration(v * float64(time.Microsecond)) }
+	// block feeds one block of writes: each asked, then recorded as
+	// taking d (one outlier, the first write of a buffer, 10×).
+	block := func(l *sourceLearner, want bool, d time.Duration) {
+		t.Helper()
+		for i := range learnBlock {
+			if got := l.zeroCopy(); got != want {
+				t.Fatalf("write %d of the block: zero copy %v, want %v", i, got, want)
+			}
+			dd := d
+			if i == 0 {
+				dd = 10 * d
+			}
+			l.record(want, dd, n)
+		}
+	}
+	var l sourceLearner
+	block(&l, false, us(80)) // copied first
+	block(&l, true, us(60))  // then zero copy: faster
+	for i := range learnRun {
+		if !l.zeroCopy() {
+			t.Fatalf("write %d of the run: copied, though zero copy measured faster", i)
+		}
+		l.record(true, us(60), n) // outside a block: no effect
+	}
+	block(&l, false, us(70)) // measured again: now the copy is faster
+	block(&l, true, us(80))
+	if l.zeroCopy() {
+		t.Fatal("zero copy after it measured slower")
+	}
+	if l.run != learnRun {
+		t.Fatalf("run of %d writes for a 1.14× difference, want %d", l.run, learnRun)
+	}
+	for range learnRun - 1 {
+		l.zeroCopy()
+	}
+	block(&l, false, us(50))
+	block(&l, true, us(100)) // 2×: a longer run before the next measuring
+	if l.run != learnRunFar {
+		t.Fatalf("run of %d writes for a 2× difference, want %d", l.run, learnRunFar)
+	}
+	for range learnRunFar {
+		if l.zeroCopy() {
+			t.Fatal("zero copy in the run after it measured 2× slower")
+		}
+	}
+	// Measuring again, the zero-copy block's writes go copied (the
+	// facts overrule it: record is not called for them): it gives up.
+	block(&l, false, us(50))
+	for range 4 * learnBlock {
+		if !l.zeroCopy() {
+			t.Fatal("gave up measuring zero copy too soon")
+		}
+	}
+	if l.zeroCopy() {
+		t.Fatal("still asking for zero copy after a block's worth of writes went another way four times over")
+	}
+	// Samples of the other way, or of nothing, change nothing.
+	before := l
+	l.record(true, us(1), n)
+	l.record(false, 0, n)
+	if l != before {
+		t.Fatal("a sample outside a measuring block changed the learner")
+	}
+}
+
+// TestSourceLearnedOnConnection: 1 MiB writes that the reader waits for
+// (an echo, one at a time, from buffers the application reuses) go by
+// both ways while the connection measures them — a block copied, then a
+// block zero copy — and every byte arrives; then the learner has a
+// median for each way and goes on with one of them. It fails if waited
+// writes never try zero copy (the default before: copies only), or if
+// either way loses or reorders bytes.
+func TestSourceLearnedOnConnection(t *testing.T) {
+	c, s := pipe(t, nil, nil)
+	const size = 1 << 20
+	go func() {
+		in, out := make([]byte, size), make([]byte, size)
+		for {
+			if _, err := io.ReadFull(s, in); err != nil {
+				return
+			}
+			copy(out, in) // answered from a buffer of its own
+			if _, err := s.Write(out); err != nil {
+				return
+			}
+		}
+	}()
+	out, in := make([]byte, size), make([]byte, size)
+	rounds := 2*learnBlock + 4
+	for i := range rounds {
+		for j := range out {
+			out[j] = byte(i*31 + j*7)
+		}
+		if _, err := c.Write(out); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, in); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(in, out) {
+			t.Fatalf("round %d: the echo differs", i)
+		}
+	}
+	st := c.(*Conn).Stats()
+	if st.ZeroChosen < learnBlock || st.CopyChosen < learnBlock {
+		t.Fatalf("waited writes went zero copy %d times and copied %d: the learner did not measure both ways", st.ZeroChosen, st.CopyChosen)
+	}
+	cc := c.(*Conn)
+	cc.mu.Lock()
+	l := cc.learn
+	cc.mu.Unlock()
+	if l.explore != 0 || l.med[0] <= 0 || l.med[1] <= 0 {
+		t.Fatalf("after %d waited writes the learner is measuring still (%d) or lacks a median (copied %.0f, zero copy %.0f ns/KiB)",
+			rounds, l.explore, l.med[0], l.med[1])
+	}
+	t.Logf("copied %.0f ns/KiB, zero copy %.0f ns/KiB: zero copy next %v", l.med[0], l.med[1], l.zc)
 }

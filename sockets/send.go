@@ -253,10 +253,15 @@ func (c *Conn) chooseSourceLocked(body []byte, split bool) bool {
 		zeroCopyMax: c.cfg.ZeroCopyMax, maxCopyInFlight: c.cfg.MaxCopyInFlight,
 		copyInFlight: c.copyInFlight, bigWrite: c.bigWrite, peerRead: c.peerRead,
 		deadline: c.wdl.isSet.Load(), shared: c.sharedSource(body), split: split,
-		peerStages: c.peerStages, reused: c.reused,
+		peerStages: c.peerStages, reused: c.reused, learnedZC: c.lw && c.lwZC,
 		cached: func() bool { return c.dev.nic.Cached(body) },
 	}
 	copied, why := chooseSource(&f)
+	if c.lw && c.lwZC == copied {
+		// The facts overruled the learner's choice: this write says
+		// nothing of the way it asked for.
+		c.lwMixed = true
+	}
 	switch why {
 	case whyBigWrite:
 		c.stats.count(cFallbacks, 1) // lowmem.go
@@ -419,6 +424,10 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	x.id = c.nextTx
 	c.nextTx++
 	x.split = split && x.temp == nil // not after a fallback to a copy
+	if c.lw && !c.lwMixed && (x.temp == nil) == c.lwZC && inline+int(x.size) == len(b) {
+		// The measured write's last piece: its done ends the sample.
+		x.learnStart, x.learnBytes, x.learnZC = c.lwStart, c.lwBytes, c.lwZC
+	}
 	h := c.rtsHeaderLocked(x, read)
 	hook(stepSourceReady)
 	if err := c.sendGuardedLocked(&h, b[:inline], "write"); err != nil {

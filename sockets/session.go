@@ -132,10 +132,18 @@ type session struct {
 	// Split transfers: the peer did not split our last offer, so offer
 	// none before this; and the last source and Read buffer found in huge
 	// pages (sys.CollapseHuge need not be asked again).
-	noSplitUntil     time.Time
-	eagerUntil       time.Time // large writes go as small messages until then (lowmem.go)
-	bigWrite         bool      // this write is too large to pin in place (lowmem.go)
-	waitedWrite      bool      // this write found no copy of ours in flight (copyChunk)
+	noSplitUntil time.Time
+	eagerUntil   time.Time // large writes go as small messages until then (lowmem.go)
+	bigWrite     bool      // this write is too large to pin in place (lowmem.go)
+	waitedWrite  bool      // this write found no copy of ours in flight (copyChunk)
+	// The source choice's measurements (sourceLearner) and the write
+	// being measured: the way asked for, whether a piece went the other
+	// way (mixed: no sample), when it started and its bytes.
+	learn            sourceLearner
+	lw               bool // this write is measured
+	lwZC, lwMixed    bool
+	lwStart          time.Time
+	lwBytes          int
 	hugeSrc, hugeDst span
 	lastRead         span // the last direct Read's buffer (acceptSplitLocked)
 
@@ -229,6 +237,11 @@ type txfer struct {
 	nt     bool
 	copyD  time.Duration
 	sentAt time.Time
+	// The last piece of a measured write (sourceLearner): when the write
+	// started, its bytes (0: not measured) and its way.
+	learnStart time.Time
+	learnBytes int
+	learnZC    bool
 	// write rendezvous:
 	cts            bool // a cts waits to be served
 	ctsOff, ctsLen uint32
