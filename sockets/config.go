@@ -75,11 +75,14 @@ type Config struct {
 	CopyThreshold int
 	// ZeroCopyMax: in ZeroCopyAuto, a read rendezvous from CopyThreshold
 	// to ZeroCopyMax bytes from a buffer the application reuses is
-	// zero-copy (unless a write deadline is set); a larger one, or any
-	// when ZeroCopyMax is 0 (the default), is copied in CopyChunk pieces,
-	// which pipeline: the writer copies a piece while the reader takes the
-	// one before, and streams faster than the cross-memory read of a
-	// zero-copy source (docs/performance.md, "Copy or zero copy").
+	// zero-copy (unless a write deadline is set); a larger one is copied
+	// in CopyChunk pieces, which pipeline: the writer copies a piece while
+	// the reader takes the one before (docs/performance.md, "Copy or zero
+	// copy"). When ZeroCopyMax is 0 (the default), a stream's writes are
+	// copied so, and a write the reader waits for (a request, an answer)
+	// goes the way the connection measured faster for such writes:
+	// copied, or read by the peer in place (docs/performance.md, "Copy or
+	// zero copy, learned").
 	ZeroCopyMax int
 	// SplitMin: a zero-copy read rendezvous of at least this many bytes,
 	// from a buffer the application reuses, is offered to the peer as a

@@ -30,7 +30,10 @@
 // large source is either registered in place (zero copy: the write waits
 // until the peer took it) or copied into temporary device memory (the
 // write returns at once); the switch picks by how the application
-// behaves, and Counters show which path every byte took. A buffer from
+// behaves — and, for a large write the reader waits for (a request, an
+// answer), by which way the connection measured faster for such writes,
+// which depends on the host — and Counters show which path every byte
+// took. A buffer from
 // AllocBuffer is shared memory the peer maps: writes from it are read in
 // place, one copy in all, at any size — where an ordinary buffer's large
 // writes take two copies across the CPUs (AllocBuffer, FreeBuffer; for a

@@ -226,11 +226,12 @@ func (l *sourceLearner) record(zc bool, d time.Duration, n int) {
 // learnableLocked tells whether the write of b, which found no copy of
 // ours in flight, is one the source learner chooses for and measures: a
 // read rendezvous whose source either way could take (the switch left to
-// the connection, no deadline, not too large to pin, not a buffer the
-// peer maps, short of a split transfer's size).
+// the connection, with no zero-copy band set: ZeroCopyMax 0; no
+// deadline, not too large to pin, not a buffer the peer maps, short of a
+// split transfer's size).
 func (c *Conn) learnableLocked(b []byte) bool {
 	n := len(b) - c.maxPayload
-	return c.cfg.ZeroCopy == ZeroCopyAuto && c.peerRead && !c.bigWrite &&
+	return c.cfg.ZeroCopy == ZeroCopyAuto && c.cfg.ZeroCopyMax == 0 && c.peerRead && !c.bigWrite &&
 		n >= c.cfg.CopyThreshold && (c.cfg.SplitMin <= 0 || len(b) < c.cfg.SplitMin) &&
 		!c.wdl.isSet.Load() && !c.sharedSource(b)
 }
