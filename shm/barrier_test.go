@@ -92,7 +92,9 @@ func TestBarriersRegisteredLater(t *testing.T) {
 	t.Run("failed", func(t *testing.T) {
 		st = sys.MembarrierPending
 		p, c := newRing(t, MinRingCapacity, WaitConfig{Mode: WaitBlock}, WaitConfig{Mode: WaitBlock})
-		c.SetSpinning()
+		if err := c.SetSpinning(); err != nil {
+			t.Fatal(err)
+		}
 		st = sys.MembarrierFailed
 		roundTrip(t, p, c, 1)
 		if p.fenceFree || c.unfenced || load32(p.pFences) != 0 || load32(c.cSpins) != 0 {

@@ -157,10 +157,10 @@ func acceptSplit(n, splitMin int, reused bool, cached func() bool) bool {
 // reader copy one after the other, pipelined (two copies of every byte),
 // or registered in place and read by the peer in one cross-process copy.
 // Which is faster depends on the host and on the application, not on the
-// size alone: on an AMD EPYC guest the pieces won by 2× at 1 MiB, on an
-// Intel Xeon guest the single read did — when the source was not just
-// written by the other side of the connection's own copy, as an echo's is
-// (docs/performance.md, "Copy or zero copy, learned"). So it measures the
+// size alone: the pieces won on one kind of host, the single read on
+// another — when the source was not just written by the other side of
+// the connection's own copy, as an echo's is (docs/performance.md, "Copy
+// or zero copy, learned"). So it measures the
 // time from a write's start to the peer's done for its last piece, per
 // byte: a block of learnBlock writes each way, the median of each block
 // deciding (the first write of a buffer pins it, and a host's hiccups

@@ -29,9 +29,10 @@ var membarrier struct {
 // in the background, once: from then on, a MembarrierGlobal of any
 // process makes every thread of this one that runs at that moment execute
 // a full memory barrier. The registration waits for an RCU grace period
-// in the kernel, which took 8–15 ms on a 2-vCPU KVM guest (Linux 6.18):
-// longer than a whole first dial should, so nothing waits for it unless it
-// must (MembarrierRegister). MembarrierState tells where it is.
+// in the kernel, which can take longer than a whole first dial should
+// (docs/setup.md, "The memory-barrier registration off the path"), so
+// nothing waits for it unless it must (MembarrierRegister).
+// MembarrierState tells where it is.
 func MembarrierStart() {
 	membarrier.once.Do(func() {
 		membarrier.done = make(chan struct{})
