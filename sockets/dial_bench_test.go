@@ -117,11 +117,10 @@ func BenchmarkDial(b *testing.B) {
 	defer stop()
 	// Steady dials: the first dial starts the eBPF monitor's load in the
 	// background (as root), and the dials that overlap it and the
-	// collection after it are slower: the first 1,000 of a loop took
-	// 430–470 µs a dial, the next 1,000 245–270 (docs/setup.md, "Dials
-	// while the monitor loads"). The first
-	// dial has a benchmark of its own (BenchmarkDialFreshDevice) and a
-	// row in the bench's setup suite.
+	// collection after it are slower (docs/setup.md, "Dials while the
+	// monitor loads"): the monitor is waited for and a warm-up's dials
+	// made first. The first dial has a benchmark of its own
+	// (BenchmarkDialFreshDevice) and a row in the bench's setup suite.
 	c, err := Dial("sandirect", addrs["shm"])
 	if err != nil {
 		b.Fatal(err)
