@@ -613,8 +613,7 @@ func (w *nextWait) Arm(bell uint32) { (*Consumer)(w).armBell(bell) }
 // it: the first release after it is through makes it (noteBarriers).
 func (c *Consumer) SetSpinning() error {
 	switch barrierState() {
-	case sys.MembarrierPending:
-		sys.MembarrierStart()
+	case sys.MembarrierPending: // under way: NewConsumer started it
 		c.spinDue = true
 		c.watch = true
 		return nil

@@ -200,7 +200,7 @@ func (l *sourceLearner) zeroCopy() bool {
 // record adds a write of n bytes that went the way asked for and took d
 // from its start to the peer's last done.
 func (l *sourceLearner) record(zc bool, d time.Duration, n int) {
-	if l.explore == 0 || zc != l.zc || n <= 0 || d <= 0 || l.k >= learnBlock {
+	if l.explore == 0 || zc != l.zc || n <= 0 || d <= 0 {
 		return
 	}
 	l.got[l.k] = float64(d) / float64(n) * 1024

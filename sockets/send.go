@@ -257,11 +257,6 @@ func (c *Conn) chooseSourceLocked(body []byte, split bool) bool {
 		cached: func() bool { return c.dev.nic.Cached(body) },
 	}
 	copied, why := chooseSource(&f)
-	if c.lw && c.lwZC == copied {
-		// The facts overruled the learner's choice: this write says
-		// nothing of the way it asked for.
-		c.lwMixed = true
-	}
 	switch why {
 	case whyBigWrite:
 		c.stats.count(cFallbacks, 1) // lowmem.go
@@ -424,7 +419,14 @@ func (c *Conn) sendLargeLocked(b []byte) (int, error) {
 	x.id = c.nextTx
 	c.nextTx++
 	x.split = split && x.temp == nil // not after a fallback to a copy
-	if c.lw && !c.lwMixed && (x.temp == nil) == c.lwZC && inline+int(x.size) == len(b) {
+	switch {
+	case !c.lw:
+	case (x.temp == nil) != c.lwZC:
+		// The facts overruled the learner's choice, or the way chosen
+		// fell back to the other: this write says nothing of the way it
+		// asked for.
+		c.lwMixed = true
+	case !c.lwMixed && inline+int(x.size) == len(b):
 		// The measured write's last piece: its done ends the sample.
 		x.learnStart, x.learnBytes, x.learnZC = c.lwStart, c.lwBytes, c.lwZC
 	}
