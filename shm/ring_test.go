@@ -726,6 +726,40 @@ func TestAdaptiveSpinsThroughAWakeUp(t *testing.T) {
 	}
 }
 
+// TestSpinYieldsToQueuedGoroutine: a spinning wait lets a goroutine
+// queued behind it on its processor run at its next look at the clock,
+// not a yield period later: with one processor, the goroutine that makes
+// the condition true can only run when the spinner yields. Both spinning
+// modes; it fails with the yield left to the period alone (checked).
+func TestSpinYieldsToQueuedGoroutine(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for _, cfg := range []WaitConfig{{Mode: WaitBusyPoll}, {Mode: WaitAdaptive, Spin: time.Hour}} {
+		var set atomic.Bool
+		looks := 0
+		x := readyFunc(func() bool { looks++; return set.Load() })
+		go set.Store(true) // runnable, behind the spinner on the one processor
+		s := NewWaitStrategy(cfg)
+		if _, err := s.Wait(x, nil, time.Time{}); err != nil {
+			t.Fatalf("%v: %v", cfg.Mode, err)
+		}
+		// The first clock look comes after SpinCheckEvery looks; the
+		// runtime's own goroutines (the collector's) may take one more turn.
+		if looks > 3*SpinCheckEvery {
+			t.Fatalf("%v: %d looks before the queued goroutine ran, want at most %d (a period is %d)",
+				cfg.Mode, looks, 3*SpinCheckEvery, SpinCheckEvery*yieldEvery)
+		}
+	}
+}
+
+// TestOthersRunnableAllocatesNothing: the spin's look at the scheduler
+// allocates nothing.
+func TestOthersRunnableAllocatesNothing(t *testing.T) {
+	s := NewWaitStrategy(WaitConfig{})
+	if n := testing.AllocsPerRun(100, func() { s.othersRunnable() }); n != 0 {
+		t.Fatalf("othersRunnable allocates %v times", n)
+	}
+}
+
 // spinsIn counts the waits among the next n that s spins.
 func spinsIn(s *WaitStrategy, n int) int {
 	spun := 0

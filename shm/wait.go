@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"time"
 )
 
@@ -55,8 +56,11 @@ type WaitConfig struct {
 	Spin time.Duration
 }
 
-// DefaultSpin is the default spin phase of WaitAdaptive.
-const DefaultSpin = 20 * time.Microsecond
+// DefaultSpin is the default spin phase of WaitAdaptive: about one and a
+// half times what parking and waking a goroutine across two vCPUs of a
+// virtual machine can cost, so that two sides of a request/response that
+// both spin stay spinning (docs/performance.md, "A spin that yields").
+const DefaultSpin = 60 * time.Microsecond
 
 // DefaultWaitConfig returns adaptive waiting with DefaultSpin.
 func DefaultWaitConfig() WaitConfig { return WaitConfig{Mode: WaitAdaptive, Spin: DefaultSpin} }
@@ -138,6 +142,8 @@ type WaitStrategy struct {
 	// includes the wake-up, and only a spin can tell that they got short.
 	mean  time.Duration
 	since uint8
+	// runnable is the spin's sample of runnableMetric (othersRunnable).
+	runnable [1]metrics.Sample
 }
 
 // spinPays: an adaptive wait spins while its waits last less than this
@@ -177,11 +183,11 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 	var start time.Time
 	switch s.cfg.Mode {
 	case WaitBusyPoll:
-		return WaitedSpun, spin(x, deadline, time.Time{})
+		return WaitedSpun, s.spin(x, deadline, time.Time{})
 	case WaitAdaptive:
 		start = time.Now()
 		if s.spins() {
-			err := spin(x, deadline, start.Add(s.cfg.Spin))
+			err := s.spin(x, deadline, start.Add(s.cfg.Spin))
 			if err == nil {
 				s.learn(time.Since(start))
 				return WaitedSpun, nil
@@ -220,12 +226,31 @@ func (s *WaitStrategy) spins() bool {
 // learn adds a wait of d to the running mean (weight 1/8).
 func (s *WaitStrategy) learn(d time.Duration) { s.mean += (d - s.mean) / 8 }
 
+// runnableMetric counts the process's goroutines that wait for a
+// processor: in its local run queues (their next-to-run slots too) and
+// the global one.
+const runnableMetric = "/sched/goroutines/runnable:goroutines"
+
+// othersRunnable tells whether a goroutine of this process waits for a
+// processor. Reading the one metric takes the scheduler's lock for a
+// walk over the processors' queues, tens of nanoseconds; the sample is
+// the strategy's, so that nothing is allocated. A runtime without the
+// metric reads as no.
+func (s *WaitStrategy) othersRunnable() bool {
+	m := s.runnable[:]
+	if m[0].Name == "" {
+		m[0].Name = runnableMetric
+	}
+	metrics.Read(m)
+	return m[0].Value.Kind() == metrics.KindUint64 && m[0].Value.Uint64() > 0
+}
+
 // errSpinOver ends a spin whose time is up.
 var errSpinOver = errors.New("spin over")
 
 // spin looks until x is ready, deadline passes or, if end is not zero,
 // end passes (errSpinOver).
-func spin(x Waitable, deadline, end time.Time) error {
+func (s *WaitStrategy) spin(x Waitable, deadline, end time.Time) error {
 	for i := 1; ; i++ {
 		if x.Ready() {
 			return nil
@@ -241,11 +266,16 @@ func spin(x Waitable, deadline, end time.Time) error {
 					return errSpinOver
 				}
 			}
-			// Yield to the processor's other goroutines now and then,
-			// not often: Gosched wakes an idle processor's thread to look
-			// for work, which on a small machine takes a CPU from the
-			// peer we wait for.
-			if i%(SpinCheckEvery*yieldEvery) == 0 {
+			// A spinner holds its processor, and a goroutine readied
+			// behind it (a handler the spinner's own reader started, the
+			// writer the handler woke) waits for it: the answer the spin
+			// waits for may be that goroutine's work. So it yields as
+			// soon as any goroutine of the process waits for a
+			// processor, and otherwise only now and then: Gosched wakes
+			// an idle processor's thread to look for work, which on a
+			// small machine takes a CPU from the peer we wait for
+			// (docs/performance.md, "A spin that yields").
+			if s.othersRunnable() || i%(SpinCheckEvery*yieldEvery) == 0 {
 				runtime.Gosched()
 			}
 		}

@@ -60,9 +60,12 @@
 // parking, or spin while it pays then park): a waiting goroutine parks in
 // the Go scheduler and holds no OS thread (shm's wake hubs), so thousands
 // of idle connections with a Read waiting cost a few threads in all. The
-// default, adaptive, spins (up to 20 µs) only while a connection's waits
-// are shorter than two spins on average, and parks otherwise: it suits programs
-// that share their CPUs (gRPC, net/http). Block mode never spins and costs
+// default, adaptive, spins (up to 60 µs) only while a connection's waits
+// are shorter than two spins on average, and parks otherwise; a spin
+// steps aside whenever another goroutine of the process is ready to run
+// (the handler or writer its answer may need), so it takes only a CPU
+// the process would leave idle. It suits programs that share their CPUs
+// (gRPC, net/http). Block mode never spins and costs
 // no CPU while waiting, a wake-up per wait. Busy polling takes a CPU per
 // waiting goroutine for the lowest latency, and the peer publishes to
 // such a connection without a memory fence per message (it never sleeps,
