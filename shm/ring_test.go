@@ -686,9 +686,6 @@ func TestParseWaitMode(t *testing.T) {
 // back.
 func TestAdaptiveSpinsWhileItPays(t *testing.T) {
 	s := NewWaitStrategy(WaitConfig{Mode: WaitAdaptive, Spin: 20 * time.Microsecond})
-	if !s.spins() {
-		t.Fatal("a fresh strategy does not spin")
-	}
 	for range 40 {
 		s.learn(time.Millisecond) // waits much longer than the spin
 	}
@@ -702,6 +699,28 @@ func TestAdaptiveSpinsWhileItPays(t *testing.T) {
 		if !s.spins() {
 			t.Fatalf("wait %d after short waits did not spin", i)
 		}
+	}
+}
+
+// TestAdaptiveStartsParked: a fresh adaptive strategy parks (but for the
+// probes) until its waits have shown that they are short: 12 waits of a
+// sixth of the bar, with the mean's weight of 1/8.
+func TestAdaptiveStartsParked(t *testing.T) {
+	const spin = 20 * time.Microsecond
+	s := NewWaitStrategy(WaitConfig{Mode: WaitAdaptive, Spin: spin})
+	if spun := spinsIn(&s, probeEvery); spun != 1 {
+		t.Fatalf("a fresh strategy spun %d of its first %d waits, want the probe alone", spun, probeEvery)
+	}
+	short := spinPays * spin / 6
+	for range 11 {
+		s.learn(short)
+	}
+	if s.mean < spinPays*spin {
+		t.Fatalf("mean %v under the bar after 11 short waits", s.mean)
+	}
+	s.learn(short)
+	if !s.spins() {
+		t.Fatalf("mean %v: no spin after 12 short waits", s.mean)
 	}
 }
 
@@ -739,8 +758,11 @@ func TestSpinYieldsToQueuedGoroutine(t *testing.T) {
 		x := readyFunc(func() bool { looks++; return set.Load() })
 		go set.Store(true) // runnable, behind the spinner on the one processor
 		s := NewWaitStrategy(cfg)
-		if _, err := s.Wait(x, nil, time.Time{}); err != nil {
-			t.Fatalf("%v: %v", cfg.Mode, err)
+		for s.mean >= spinPays*cfg.Spin && cfg.Mode == WaitAdaptive {
+			s.learn(0) // waits short enough to spin, with no probe needed
+		}
+		if o, err := s.Wait(x, nil, time.Time{}); err != nil || o != WaitedSpun {
+			t.Fatalf("%v: %v, %v", cfg.Mode, o, err)
 		}
 		// The first clock look comes after SpinCheckEvery looks; the
 		// runtime's own goroutines (the collector's) may take one more turn.

@@ -155,9 +155,23 @@ const spinPays = 2
 const probeEvery = 16
 
 // NewWaitStrategy returns the strategy for cfg (zero: the default).
+//
+// A fresh strategy parks: its mean starts at coldWaits spins' bars, so
+// that its waits spin once a dozen or more of them have shown that they
+// are short (or a probe catches one). A connection that is dialed, used
+// for one request and closed does not spin on waits that need its
+// listener's accept and handshake first, on the CPU that work needs.
 func NewWaitStrategy(cfg WaitConfig) WaitStrategy {
-	return WaitStrategy{cfg: cfg.orDefault()}
+	s := WaitStrategy{cfg: cfg.orDefault()}
+	s.mean = coldWaits * spinPays * s.cfg.Spin
+	return s
 }
+
+// coldWaits sets a fresh strategy's mean wait, in spinning bars
+// (NewWaitStrategy): with waits a sixth of the bar, the mean falls
+// under it after 12 waits (weight 1/8 each); with waits of nine tenths
+// of it, after 26.
+const coldWaits = 4
 
 // Config returns the configuration in force.
 func (s *WaitStrategy) Config() WaitConfig { return s.cfg }
