@@ -45,6 +45,7 @@ type Hub struct {
 	rfd  int // the pipe's read end (file's)
 	wfd  int // its write end: this process's signals, and the peers' copies
 	bell *uint32
+	sig  *uint64        // when a waker last signalled the pipe (hubSignalOff)
 	sum  unsafe.Pointer // hubSlots/4096 summary words
 	pend unsafe.Pointer // hubSlots/64 pending words
 	self *Notifier      // this hub, for wakers in this process
@@ -104,9 +105,10 @@ func NewHub() (*Hub, error) {
 		return nil, fmt.Errorf("shm: wake hub: %w", err)
 	}
 	h.bell = word32(mem, hubBellOff)
+	h.sig = word64(mem, hubSignalOff)
 	h.sum = unsafe.Pointer(&mem[hubSummaryOff])
 	h.pend = unsafe.Pointer(&mem[hubPendingOff])
-	h.self = &Notifier{bell: h.bell, sum: h.sum, pend: h.pend, fd: wfd, local: h}
+	h.self = &Notifier{bell: h.bell, sig: h.sig, sum: h.sum, pend: h.pend, fd: wfd, local: h}
 	return h, nil
 }
 
@@ -212,8 +214,22 @@ func (h *Hub) wakeSlot(slot uint32) {
 // does, for a wake-up from this process.
 func (h *Hub) signal() {
 	if load32(h.bell) != 0 && swap32(h.bell, 0) != 0 {
+		stampSignal(h.sig)
 		sys.PipeSignal(h.wfd)
 	}
+}
+
+// stampSignal stores the time of a signal of the pipe, before the signal.
+func stampSignal(sig *uint64) { store64(sig, uint64(time.Now().UnixNano())) }
+
+// signalledSince tells how long after since (wall clock) a waker last
+// signalled the hub's pipe, if it did after since and no later than
+// within: a wait's length without its wake-up (WaitStrategy). A stamp out
+// of that window — an older signal, a peer's clock jumped, a peer's lie —
+// reads as none.
+func (h *Hub) signalledSince(since time.Time, within time.Duration) (time.Duration, bool) {
+	d := time.Duration(int64(load64(h.sig)) - since.UnixNano())
+	return d, d > 0 && d <= within
 }
 
 // join parks w: as the leader if there is none (or w was appointed), else
@@ -322,6 +338,7 @@ func (h *Hub) announce() {
 // slot. Its methods are safe for concurrent use.
 type Notifier struct {
 	bell *uint32
+	sig  *uint64
 	sum  unsafe.Pointer
 	pend unsafe.Pointer
 	fd   int
@@ -350,6 +367,7 @@ func OpenNotifier(table, event int) (*Notifier, error) {
 	seg.DropFd()
 	return &Notifier{
 		bell: word32(mem, hubBellOff),
+		sig:  word64(mem, hubSignalOff),
 		sum:  unsafe.Pointer(&mem[hubSummaryOff]),
 		pend: unsafe.Pointer(&mem[hubPendingOff]),
 		fd:   event,
@@ -372,6 +390,7 @@ func (n *Notifier) Notify(slot uint32) {
 	or64(at(n.pend, uint64(slot/64)*8), 1<<(slot%64))
 	or64(at(n.sum, uint64(slot/4096)*8), 1<<(slot/64%64))
 	if load32(n.bell) != 0 && swap32(n.bell, 0) != 0 {
+		stampSignal(n.sig)
 		sys.PipeSignal(n.fd)
 	}
 }

@@ -303,3 +303,57 @@ func TestLeaderAnnouncesAgainAfterPassingOn(t *testing.T) {
 		t.Fatalf("the leader, after passing a mark on: %v: its own wake-up was lost (hub: %s)", err, h.debugState())
 	}
 }
+
+// TestHubStampsItsSignals: a waker that signals the pipe stamps the time
+// first, and a woken wait learns its length up to that stamp, not up to
+// its own wake-up; a stamp outside the time it was parked (older, later
+// than now, a peer's lie) is not used.
+func TestHubStampsItsSignals(t *testing.T) {
+	h, err := NewHub()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	w, err := h.NewWaiter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	n := dupNotifier(t, h)
+
+	before := time.Now()
+	store32(h.bell, 1) // the leader announced that it parks
+	n.Notify(w.Slot())
+	if load32(h.bell) != 0 {
+		t.Fatal("the notify did not take the doorbell")
+	}
+	if at, ok := h.signalledSince(before, time.Since(before)); !ok || at < 0 {
+		t.Fatalf("no stamp within the notify: %v, %v", at, ok)
+	}
+	n.Notify(w.Slot()) // nobody announced: no signal, no new stamp
+	stamp := load64(h.sig)
+	n.Notify(w.Slot())
+	if load64(h.sig) != stamp {
+		t.Fatal("a notify without a signal stamped")
+	}
+
+	parked := time.Now().Add(-10 * time.Millisecond) // parked 10 ms ago
+	start := parked.Add(-time.Millisecond)           // after a 1 ms spin
+	for _, c := range []struct {
+		name  string
+		stamp time.Time
+		want  func(time.Duration) bool
+	}{
+		{"signalled 2 ms into the park", parked.Add(2 * time.Millisecond), func(d time.Duration) bool { return d == 3*time.Millisecond }},
+		{"signalled before the park", parked.Add(-time.Millisecond), func(d time.Duration) bool { return d >= 11*time.Millisecond }},
+		{"stamped in the future", time.Now().Add(time.Hour), func(d time.Duration) bool { return d >= 11*time.Millisecond && d < time.Hour }},
+	} {
+		store64(h.sig, uint64(c.stamp.UnixNano()))
+		if d := parkedFor(w, start, parked); !c.want(d) {
+			t.Errorf("%s: learned %v", c.name, d)
+		}
+	}
+	if d := parkedFor(nil, start, parked); d < 11*time.Millisecond {
+		t.Errorf("no waiter (naps): learned %v, want the whole wait", d)
+	}
+}

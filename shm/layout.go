@@ -124,7 +124,9 @@ func recordSize(n int) int { return (recHeaderSize + n + recAlign - 1) &^ (recAl
 //
 //	offset  line      written by           words
 //	   128  control   creator              magic u32 | version u32 | slots u32
-//	   256  doorbell  leader, wakers       u32: 1 = the leader is parked
+//	   256  doorbell  leader, wakers       u32: 1 = the leader is parked;
+//	                                       at 264, u64: when a waker last
+//	                                       signalled the pipe (wall clock, ns)
 //	   384  summary   wakers, leader       hubSlots/4096 u64: bit i of word j set =
 //	                                       pending word 64j+i may have bits set
 //	   512  pending   wakers, leader       hubSlots/64 u64: bit i of word j set =
@@ -135,12 +137,16 @@ func recordSize(n int) int { return (recHeaderSize + n + recAlign - 1) &^ (recAl
 // was set. The leader announces on the doorbell, then swaps summary
 // words to zero and the pending words they name, and wakes those slots'
 // waiters; it parks on the pipe only when it found nothing since its last
-// announcement.
+// announcement. A waker that signals the pipe first stores the time; a
+// woken waiter reads it to tell how long its wait lasted without its own
+// wake-up (WaitStrategy). It is advice, checked against the waiter's own
+// clock, and nothing depends on it for correctness.
 const (
 	hubMagicOff    = SegmentHeaderSize
 	hubVersionOff  = hubMagicOff + 4
 	hubSlotsOff    = hubVersionOff + 4
 	hubBellOff     = SegmentHeaderSize + lineSize
+	hubSignalOff   = hubBellOff + 8
 	hubSummaryOff  = hubBellOff + lineSize
 	hubPendingOff  = hubSummaryOff + lineSize
 	hubSlots       = 1 << 16

@@ -703,7 +703,7 @@ func TestAdaptiveSpinsWhileItPays(t *testing.T) {
 }
 
 // TestAdaptiveStartsParked: a fresh adaptive strategy parks (but for the
-// probes) until its waits have shown that they are short: 12 waits of a
+// probes) until its waits have shown that they are short: 6 waits of a
 // sixth of the bar, with the mean's weight of 1/8.
 func TestAdaptiveStartsParked(t *testing.T) {
 	const spin = 20 * time.Microsecond
@@ -712,15 +712,36 @@ func TestAdaptiveStartsParked(t *testing.T) {
 		t.Fatalf("a fresh strategy spun %d of its first %d waits, want the probe alone", spun, probeEvery)
 	}
 	short := spinPays * spin / 6
-	for range 11 {
+	for range 5 {
 		s.learn(short)
 	}
 	if s.mean < spinPays*spin {
-		t.Fatalf("mean %v under the bar after 11 short waits", s.mean)
+		t.Fatalf("mean %v under the bar after 5 short waits", s.mean)
 	}
 	s.learn(short)
 	if !s.spins() {
-		t.Fatalf("mean %v: no spin after 12 short waits", s.mean)
+		t.Fatalf("mean %v: no spin after 6 short waits", s.mean)
+	}
+}
+
+// TestAdaptiveForgetsAnIdleSecond: a wait counts at most coldWaits bars
+// in the mean, so that a connection that idled spins again after a few
+// short waits.
+func TestAdaptiveForgetsAnIdleSecond(t *testing.T) {
+	const spin = 20 * time.Microsecond
+	s := NewWaitStrategy(WaitConfig{Mode: WaitAdaptive, Spin: spin})
+	for range 40 {
+		s.learn(time.Microsecond)
+	}
+	s.learn(time.Second)
+	if limit := coldWaits * spinPays * spin; s.mean > limit {
+		t.Fatalf("mean %v after an idle second, want at most %v", s.mean, limit)
+	}
+	for range 6 {
+		s.learn(time.Microsecond)
+	}
+	if s.mean >= spinPays*spin {
+		t.Fatalf("mean %v over the bar 6 short waits after an idle second", s.mean)
 	}
 }
 

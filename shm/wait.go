@@ -168,10 +168,10 @@ func NewWaitStrategy(cfg WaitConfig) WaitStrategy {
 }
 
 // coldWaits sets a fresh strategy's mean wait, in spinning bars
-// (NewWaitStrategy): with waits a sixth of the bar, the mean falls
-// under it after 12 waits (weight 1/8 each); with waits of nine tenths
-// of it, after 26.
-const coldWaits = 4
+// (NewWaitStrategy), and the longest wait the mean counts (learn): with
+// waits a sixth of the bar, the mean falls under it after 6 waits
+// (weight 1/8 each); with waits of nine tenths of it, after 18.
+const coldWaits = 2
 
 // Config returns the configuration in force.
 func (s *WaitStrategy) Config() WaitConfig { return s.cfg }
@@ -211,11 +211,33 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 			}
 		}
 	}
+	if s.cfg.Mode != WaitAdaptive {
+		return WaitedSlept, park(x, w, deadline)
+	}
+	parked := time.Now()
 	err := park(x, w, deadline)
-	if s.cfg.Mode == WaitAdaptive && err == nil {
-		s.learn(time.Since(start))
+	if err == nil {
+		s.learn(parkedFor(w, start, parked))
 	}
 	return WaitedSlept, err
+}
+
+// parkedFor is how long an adaptive wait that parked at parked lasted
+// from its start: until the peer signalled the hub the waiter parked on,
+// when a signal came while it was parked (the hub's stamp), else until
+// now. The waiter's own wake-up is not the peer's answer: learned into
+// the mean, it would keep two sides that both park over the bar, each
+// wait as long as two wake-ups, though they would answer each other at
+// once spinning (docs/performance.md, "A spin that yields").
+func parkedFor(w *Waiter, start, parked time.Time) time.Duration {
+	d := time.Since(start)
+	if w == nil {
+		return d
+	}
+	if until, ok := w.hub.signalledSince(parked, time.Since(parked)); ok {
+		return parked.Sub(start) + until
+	}
+	return d
 }
 
 // spins tells whether an adaptive wait spins: its recent waits were
@@ -237,8 +259,14 @@ func (s *WaitStrategy) spins() bool {
 	return false
 }
 
-// learn adds a wait of d to the running mean (weight 1/8).
-func (s *WaitStrategy) learn(d time.Duration) { s.mean += (d - s.mean) / 8 }
+// learn adds a wait of d to the running mean (weight 1/8), counting no
+// wait as longer than coldWaits bars: a connection that idled for a
+// second, or whose process stopped for a collection, spins again once
+// its waits are short, not after the hundreds of waits that a second in
+// the mean would take to wear off.
+func (s *WaitStrategy) learn(d time.Duration) {
+	s.mean += (min(d, coldWaits*spinPays*s.cfg.Spin) - s.mean) / 8
+}
 
 // runnableMetric counts the process's goroutines that wait for a
 // processor: in its local run queues (their next-to-run slots too) and
