@@ -156,9 +156,9 @@ const probeEvery = 16
 
 // NewWaitStrategy returns the strategy for cfg (zero: the default).
 //
-// A fresh strategy parks: its mean starts at coldWaits spins' bars, so
-// that its waits spin once a dozen or more of them have shown that they
-// are short (or a probe catches one). A connection that is dialed, used
+// A fresh strategy parks: its mean starts at coldWaits bars, so that its
+// waits spin once a few of them have shown that they are short (or a
+// probe catches one). A connection that is dialed, used
 // for one request and closed does not spin on waits that need its
 // listener's accept and handshake first, on the CPU that work needs.
 func NewWaitStrategy(cfg WaitConfig) WaitStrategy {
@@ -228,16 +228,16 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 // now. The waiter's own wake-up is not the peer's answer: learned into
 // the mean, it would keep two sides that both park over the bar, each
 // wait as long as two wake-ups, though they would answer each other at
-// once spinning (docs/performance.md, "A spin that yields").
+// once spinning (docs/performance.md, "Finding the spinning state
+// again").
 func parkedFor(w *Waiter, start, parked time.Time) time.Duration {
-	d := time.Since(start)
-	if w == nil {
-		return d
+	now := time.Now()
+	if w != nil {
+		if until, ok := w.hub.signalledSince(parked, now.Sub(parked)); ok {
+			return parked.Sub(start) + until
+		}
 	}
-	if until, ok := w.hub.signalledSince(parked, time.Since(parked)); ok {
-		return parked.Sub(start) + until
-	}
-	return d
+	return now.Sub(start)
 }
 
 // spins tells whether an adaptive wait spins: its recent waits were
