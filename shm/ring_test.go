@@ -696,7 +696,7 @@ func TestAdaptiveSpinsWhileItPays(t *testing.T) {
 		s.learn(time.Microsecond)
 	}
 	for i := range 2 {
-		if !s.spins() {
+		if d, _ := s.spins(); d == 0 {
 			t.Fatalf("wait %d after short waits did not spin", i)
 		}
 	}
@@ -719,7 +719,7 @@ func TestAdaptiveStartsParked(t *testing.T) {
 		t.Fatalf("mean %v under the bar after 5 short waits", s.mean)
 	}
 	s.learn(short)
-	if !s.spins() {
+	if d, _ := s.spins(); d == 0 {
 		t.Fatalf("mean %v: no spin after 6 short waits", s.mean)
 	}
 }
@@ -766,6 +766,44 @@ func TestAdaptiveSpinsThroughAWakeUp(t *testing.T) {
 	}
 }
 
+// TestAdaptiveSpinsPolitelyForLongWaits: with a Spin longer than
+// TightSpin, short waits spin tightly up to TightSpin; waits under two
+// long spins on average spin politely up to Spin; longer ones park but
+// for the probes, which spin tightly. With the default Spin, waits of a
+// few hundred microseconds park as before.
+func TestAdaptiveSpinsPolitelyForLongWaits(t *testing.T) {
+	const long = 300 * time.Microsecond
+	s := NewWaitStrategy(WaitConfig{Mode: WaitAdaptive, Spin: long})
+	for range 40 {
+		s.learn(time.Microsecond)
+	}
+	if d, polite := s.spins(); d != TightSpin || polite {
+		t.Fatalf("short waits: spin %v, polite %v; want %v, tight", d, polite, TightSpin)
+	}
+	for range 40 {
+		s.learn(long * 2 / 3) // a 64 KiB gRPC call's wait for its answer
+	}
+	for i := range 2 * probeEvery {
+		d, polite := s.spins()
+		if probe := s.since == 0; probe && (d != TightSpin || polite) || !probe && (d != long || !polite) {
+			t.Fatalf("wait %d of %v waits: spin %v, polite %v", i, long*2/3, d, polite)
+		}
+	}
+	for range 40 {
+		s.learn(time.Second)
+	}
+	if spun := spinsIn(&s, 2*probeEvery); spun != 2 {
+		t.Fatalf("after long waits, %d spins in %d waits, want the 2 probes", spun, 2*probeEvery)
+	}
+	def := NewWaitStrategy(WaitConfig{})
+	for range 40 {
+		def.learn(long * 2 / 3)
+	}
+	if spun := spinsIn(&def, 2*probeEvery); spun != 2 {
+		t.Fatalf("default Spin, waits of %v: %d spins in %d waits, want the 2 probes", long*2/3, spun, 2*probeEvery)
+	}
+}
+
 // TestSpinYieldsToQueuedGoroutine: a spinning wait lets a goroutine
 // queued behind it on its processor run at its next look at the clock,
 // not a yield period later: with one processor, the goroutine that makes
@@ -779,7 +817,7 @@ func TestSpinYieldsToQueuedGoroutine(t *testing.T) {
 		x := readyFunc(func() bool { looks++; return set.Load() })
 		go set.Store(true) // runnable, behind the spinner on the one processor
 		s := NewWaitStrategy(cfg)
-		for s.mean >= spinPays*cfg.Spin && cfg.Mode == WaitAdaptive {
+		for s.mean >= spinPays*TightSpin && cfg.Mode == WaitAdaptive {
 			s.learn(0) // waits short enough to spin, with no probe needed
 		}
 		if o, err := s.Wait(x, nil, time.Time{}); err != nil || o != WaitedSpun {
@@ -807,7 +845,7 @@ func TestOthersRunnableAllocatesNothing(t *testing.T) {
 func spinsIn(s *WaitStrategy, n int) int {
 	spun := 0
 	for range n {
-		if s.spins() {
+		if d, _ := s.spins(); d > 0 {
 			spun++
 		}
 	}

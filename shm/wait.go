@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"syscall"
 	"time"
 )
 
@@ -52,7 +53,12 @@ type WaitConfig struct {
 	// Spin is how long WaitAdaptive spins before it parks. A wake-up
 	// costs many cache-line hand-offs, so a spin catches a quick answer
 	// without a system call (docs/performance.md, "shm: waiting"); the
-	// strategy stops spinning while spins do not catch it.
+	// strategy stops spinning while spins do not catch it. Waits spin
+	// tightly for at most TightSpin; a Spin longer than that serves
+	// waits too long for it (the peer's work takes hundreds of
+	// microseconds, as a 64 KiB gRPC call's does) with a polite spin,
+	// which yields its CPU to the kernel's other threads as it goes:
+	// lower latency for such waits, for more CPU time (WaitStrategy).
 	Spin time.Duration
 }
 
@@ -61,6 +67,11 @@ type WaitConfig struct {
 // virtual machine can cost, so that two sides of a request/response that
 // both spin stay spinning (docs/performance.md, "A spin that yields").
 const DefaultSpin = 60 * time.Microsecond
+
+// TightSpin is the longest an adaptive wait spins without yielding its
+// CPU to other threads: waits longer than that spin, if the configured
+// Spin is longer, politely (WaitStrategy).
+const TightSpin = DefaultSpin
 
 // DefaultWaitConfig returns adaptive waiting with DefaultSpin.
 func DefaultWaitConfig() WaitConfig { return WaitConfig{Mode: WaitAdaptive, Spin: DefaultSpin} }
@@ -104,6 +115,10 @@ const SpinCheckEvery = 16
 // Pause about 25 ns.
 const yieldEvery = 1024
 
+// politeEvery is how many clock looks a polite spin takes between
+// yields of its thread's CPU (sched_yield): a couple of microseconds.
+const politeEvery = 4
+
 // A Waitable is what a wait waits for.
 type Waitable interface {
 	// Ready looks once, without blocking; true ends the wait (the
@@ -133,6 +148,15 @@ const (
 // cannot catch its peer only takes a CPU from the goroutines and
 // processes that do the work), and a spin now and then tells when they
 // got short again. Its state is its caller's: not safe for concurrent use.
+//
+// With a Spin longer than TightSpin, waits whose mean is over the tight
+// spin's bar but under the long one's spin up to Spin politely: the
+// thread offers its CPU to the kernel (sched_yield) every couple of
+// microseconds. A thread the kernel woke onto the spinner's CPU — the
+// peer process's, or one of this process's own that the Go scheduler
+// woke for a goroutine handed on — would otherwise wait there until the
+// spinner's time slice ends, hundreds of microseconds
+// (docs/performance.md, "A polite spin").
 type WaitStrategy struct {
 	cfg WaitConfig
 	// adaptive: the waits' running mean length (a moving average of the
@@ -144,6 +168,8 @@ type WaitStrategy struct {
 	since uint8
 	// runnable is the spin's sample of runnableMetric (othersRunnable).
 	runnable [1]metrics.Sample
+	// politeYields counts the polite spins' yields of the CPU (tests).
+	politeYields uint64
 }
 
 // spinPays: an adaptive wait spins while its waits last less than this
@@ -197,11 +223,11 @@ func (s *WaitStrategy) Wait(x Waitable, w *Waiter, deadline time.Time) (Outcome,
 	var start time.Time
 	switch s.cfg.Mode {
 	case WaitBusyPoll:
-		return WaitedSpun, s.spin(x, deadline, time.Time{})
+		return WaitedSpun, s.spin(x, deadline, time.Time{}, false)
 	case WaitAdaptive:
 		start = time.Now()
-		if s.spins() {
-			err := s.spin(x, deadline, start.Add(s.cfg.Spin))
+		if d, polite := s.spins(); d > 0 {
+			err := s.spin(x, deadline, start.Add(d), polite)
 			if err == nil {
 				s.learn(time.Since(start))
 				return WaitedSpun, nil
@@ -240,8 +266,11 @@ func parkedFor(w *Waiter, start, parked time.Time) time.Duration {
 	return now.Sub(start)
 }
 
-// spins tells whether an adaptive wait spins: its recent waits were
-// shorter than spinPays spins on average, or it is the probe.
+// spins tells how long an adaptive wait spins, and whether politely: up
+// to the tight spin if its recent waits were shorter than spinPays tight
+// spins on average, or it is the probe; else up to Spin, politely, if
+// Spin is longer and the waits were shorter than spinPays of it; else
+// not at all (0).
 //
 // Not one spin: two sides that both park see each wait last as long as
 // the other's wake-up, and where a wake-up takes about a spin (as on a
@@ -251,12 +280,16 @@ func parkedFor(w *Waiter, start, parked time.Time) time.Duration {
 // still waits for the other's wake-up. Waits under two spins keep both
 // spinning, and a wait that long costs a spin that misses no more than it
 // costs the wait (docs/performance.md, "shm: waiting").
-func (s *WaitStrategy) spins() bool {
-	if s.since++; s.mean < spinPays*s.cfg.Spin || s.since >= probeEvery {
+func (s *WaitStrategy) spins() (time.Duration, bool) {
+	tight := min(s.cfg.Spin, TightSpin)
+	if s.since++; s.mean < spinPays*tight || s.since >= probeEvery {
 		s.since = 0
-		return true
+		return tight, false
 	}
-	return false
+	if s.cfg.Spin > tight && s.mean < spinPays*s.cfg.Spin {
+		return s.cfg.Spin, true
+	}
+	return 0, false
 }
 
 // learn adds a wait of d to the running mean (weight 1/8), counting no
@@ -291,8 +324,9 @@ func (s *WaitStrategy) othersRunnable() bool {
 var errSpinOver = errors.New("spin over")
 
 // spin looks until x is ready, deadline passes or, if end is not zero,
-// end passes (errSpinOver).
-func (s *WaitStrategy) spin(x Waitable, deadline, end time.Time) error {
+// end passes (errSpinOver). A polite spin yields its thread's CPU every
+// politeEvery clock looks.
+func (s *WaitStrategy) spin(x Waitable, deadline, end time.Time, polite bool) error {
 	for i := 1; ; i++ {
 		if x.Ready() {
 			return nil
@@ -319,6 +353,10 @@ func (s *WaitStrategy) spin(x Waitable, deadline, end time.Time) error {
 			// (docs/performance.md, "A spin that yields").
 			if s.othersRunnable() || i%(SpinCheckEvery*yieldEvery) == 0 {
 				runtime.Gosched()
+			}
+			if polite && i%(SpinCheckEvery*politeEvery) == 0 {
+				s.politeYields++
+				yieldCPU()
 			}
 		}
 	}
@@ -350,4 +388,14 @@ func park(x Waitable, w *Waiter, deadline time.Time) error {
 			return err
 		}
 	}
+}
+
+// yieldCPU offers the thread's CPU to the kernel's other runnable threads
+// (sched_yield). A raw system call: it never blocks, only lets another
+// thread run first, and a system call the Go scheduler knows about would
+// have its monitor hand the processor to another thread (a futex
+// wake-up) whenever that thread ran long — measured slower
+// (docs/performance.md, "A polite spin").
+func yieldCPU() {
+	syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 }
