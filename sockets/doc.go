@@ -65,7 +65,10 @@
 // steps aside whenever another goroutine of the process is ready to run
 // (the handler or writer its answer may need), so it takes only a CPU
 // the process would leave idle. It suits programs that share their CPUs
-// (gRPC, net/http). Block mode never spins and costs
+// (gRPC, net/http). A Wait.Spin longer than the default's also spins,
+// politely (yielding the thread's CPU to the kernel as it goes), through
+// waits of up to a few hundred microseconds — a large gRPC call's — for
+// lower latency at more CPU. Block mode never spins and costs
 // no CPU while waiting, a wake-up per wait. Busy polling takes a CPU per
 // waiting goroutine for the lowest latency, and the peer publishes to
 // such a connection without a memory fence per message (it never sleeps,
