@@ -167,6 +167,7 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 	fs.IntVar(&o.idle, "idle", 10000, "idle connections (fewer if RLIMIT_NOFILE is lower; 0: none)")
 	cases := fs.String("cases", strings.Join(allCases, ","), "cases to run, a `LIST` of "+strings.Join(allCases, ", "))
 	recPath := fs.String("records", "", "write the records to `FILE` (default standard output)")
+	spin := fs.Duration("spin", 0, "sandirect's adaptive wait Spin in both processes (0: the default Config); longer than the default spins politely through long waits (docs/performance.md, \"A polite spin\")")
 	prof := fs.String("cpuprofile", "", "write CPU profiles of the client, `PREFIX`.client.pprof, and of the gRPC and net/http server, PREFIX.server.pprof (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -203,6 +204,16 @@ func run(ctx context.Context, stdout io.Writer, args []string) error {
 		}
 		defer f.Close()
 		out = f
+	}
+	if *spin < 0 {
+		return fmt.Errorf("bad plan: -spin %v", *spin)
+	}
+	if *spin > 0 {
+		// The server process inherits it (startServer).
+		os.Setenv(envSpin, spin.String())
+		defer os.Unsetenv(envSpin)
+	} else {
+		os.Unsetenv(envSpin) // the default Config, whatever the caller's environment says
 	}
 	if *prof != "" {
 		stop, err := startProfile(*prof + ".client.pprof")

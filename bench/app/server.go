@@ -28,6 +28,22 @@ import (
 	"github.com/sandirect/sandirect/sockets"
 )
 
+// envSpin carries -spin to the server process: the adaptive wait's Spin
+// of sandirect's connections, both sides.
+const envSpin = "SANDIRECT_APP_SPIN"
+
+// sandirectConfig is the Config of sandirect's connections: nil (the
+// default) unless -spin set a Spin.
+func sandirectConfig() *sockets.Config {
+	d, err := time.ParseDuration(os.Getenv(envSpin))
+	if err != nil || d <= 0 {
+		return nil
+	}
+	c := sockets.DefaultConfig()
+	c.Wait.Spin = d
+	return &c
+}
+
 // A transport is how the server listens and the client dials.
 type transport struct {
 	name   string // the suffix of the record's transport: grpc/NAME, http/NAME
@@ -38,11 +54,12 @@ type transport struct {
 var transports = []transport{
 	{"sandirect",
 		func(dir, tag string) (net.Listener, error) {
-			return sockets.Listen("sandirect", filepath.Join(dir, tag+".sd"))
+			lc := sockets.ListenConfig{Config: sandirectConfig()}
+			return lc.Listen(context.Background(), "sandirect", filepath.Join(dir, tag+".sd"))
 		},
-		// As an application swaps it in: the default Config.
+		// As an application swaps it in: the default Config (unless -spin).
 		func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&sockets.Dialer{}).DialContext(ctx, "sandirect", addr)
+			return (&sockets.Dialer{Config: sandirectConfig()}).DialContext(ctx, "sandirect", addr)
 		}},
 	{"unix",
 		func(dir, tag string) (net.Listener, error) {
