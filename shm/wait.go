@@ -6,8 +6,9 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
-	"syscall"
 	"time"
+
+	"github.com/sandirect/sandirect/internal/sys"
 )
 
 // WaitMode says how a ring side waits for its peer.
@@ -356,7 +357,7 @@ func (s *WaitStrategy) spin(x Waitable, deadline, end time.Time, polite bool) er
 			}
 			if polite && i%(SpinCheckEvery*politeEvery) == 0 {
 				s.politeYields++
-				yieldCPU()
+				sys.YieldCPU() // a raw sched_yield: docs/performance.md, "A polite spin"
 			}
 		}
 	}
@@ -388,14 +389,4 @@ func park(x Waitable, w *Waiter, deadline time.Time) error {
 			return err
 		}
 	}
-}
-
-// yieldCPU offers the thread's CPU to the kernel's other runnable threads
-// (sched_yield). A raw system call: it never blocks, only lets another
-// thread run first, and a system call the Go scheduler knows about would
-// have its monitor hand the processor to another thread (a futex
-// wake-up) whenever that thread ran long — measured slower
-// (docs/performance.md, "A polite spin").
-func yieldCPU() {
-	syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 }

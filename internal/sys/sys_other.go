@@ -233,5 +233,6 @@ func Eventfd() (int, error)                             { return -1, unsupported
 func EventfdSignal(int) error                           { return unsupported("eventfd") }
 func Pipe() (int, int, error)                           { return -1, -1, unsupported("pipe2") }
 func PipeSignal(int) error                              { return unsupported("pipe2") }
+func YieldCPU()                                         {}
 func PipeDrain(int)                                     {}
 func PollIn(int, int) (int, int, error)                 { return 0, 0, unsupported("poll") }

@@ -188,3 +188,12 @@ func PollIn(a, b int) (ra, rb int, err error) {
 	}
 	return conv(fds[0].Revents), conv(fds[1].Revents), nil
 }
+
+// YieldCPU offers the calling thread's CPU to the kernel's other runnable
+// threads (sched_yield). A raw system call: it never blocks, it only lets
+// another thread run first, and one the Go scheduler knew about would
+// have its monitor hand the processor to another thread (a futex
+// wake-up) whenever the yield let someone else run long.
+func YieldCPU() {
+	unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+}
