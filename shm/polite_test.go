@@ -17,9 +17,9 @@ import (
 const politeWordOff = SegmentHeaderSize
 
 func init() {
-	// cpuwaker pins its thread to CPU args[0], says so on fd 5, sleeps
-	// in a blocking read of fd 4, and once woken stores 1 in the segment
-	// on fd 3 (politeWordOff).
+	// cpuwaker pins its thread to CPU args[0], says so on fd 5, then
+	// sleeps in blocking reads of fd 4: after the nth byte it stores n in
+	// the segment on fd 3 (politeWordOff); a zero byte ends it.
 	testutil.RegisterChild("cpuwaker", func(args []string) error {
 		cpu, err := strconv.Atoi(args[0])
 		if err != nil {
@@ -38,17 +38,19 @@ func init() {
 			return err
 		}
 		var b [1]byte
-		for {
+		for n := uint64(1); ; n++ {
 			_, err := syscall.Read(4, b[:]) // blocking: this thread sleeps
-			if err != syscall.EINTR {
-				if err != nil {
-					return err
-				}
-				break
+			for err == syscall.EINTR {
+				_, err = syscall.Read(4, b[:])
 			}
+			if err != nil {
+				return err
+			}
+			if b[0] == 0 {
+				return nil // the test is done
+			}
+			StoreUint64(s.Bytes(), politeWordOff, n)
 		}
-		StoreUint64(s.Bytes(), politeWordOff, 1)
-		return nil
 	})
 }
 
@@ -57,8 +59,12 @@ func init() {
 // the kernel gets round to preempting the spinner: the child's thread
 // and this test's are pinned to the same CPU, the test wakes the child
 // and spins politely for the mark the child then stores, and counts its
-// looks. It fails with the polite yield taken out (checked: the child
-// ran only after the spin's end, tens of thousands of looks).
+// looks. A trial whose first look finds the mark (the kernel ran the
+// child at its wake-up, before the spin) shows nothing and is made again;
+// the first that spins decides. With the polite yield taken out the test
+// failed in five runs of six (checked: the child ran at the runtime's
+// periodic yield, 16,386 looks, or later; in the sixth the kernel ran the
+// child at its wake-up in every trial).
 func TestPoliteSpinYieldsTheCPU(t *testing.T) {
 	cpus, err := sys.AllowedCPUs()
 	if err != nil {
@@ -98,26 +104,42 @@ func TestPoliteSpinYieldsTheCPU(t *testing.T) {
 	defer restore()
 	const spin = 2 * time.Second
 	s := NewWaitStrategy(WaitConfig{Mode: WaitAdaptive, Spin: spin})
-	for range 40 {
-		s.learn(spin / 2) // long waits: the next one spins politely
-	}
-	looks := 0
 	mem := seg.Bytes()
-	x := readyFunc(func() bool { looks++; return LoadUint64(mem, politeWordOff) != 0 })
-	if _, err := wakeW.Write([]byte{1}); err != nil {
-		t.Fatal(err)
+	const trials = 20
+	shown := 0
+	for trial := uint64(1); trial <= trials && shown == 0; trial++ {
+		for range 40 {
+			s.learn(spin / 2) // long waits: the next one spins politely
+		}
+		s.since = 0 // and is not the probe
+		looks := 0
+		x := readyFunc(func() bool { looks++; return LoadUint64(mem, politeWordOff) >= trial })
+		if _, err := wakeW.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		o, err := s.Wait(x, nil, time.Now().Add(time.Minute))
+		if err != nil {
+			t.Fatalf("trial %d: %v; child output:\n%s", trial, err, child.Output())
+		}
+		if o == WaitedReady {
+			continue // the child ran before the spin: nothing shown
+		}
+		shown++
+		// Yields come every politeEvery clock looks; the child may need a
+		// few (the kernel may run another thread first).
+		if limit := 16 * politeEvery * SpinCheckEvery; o != WaitedSpun || looks > limit {
+			t.Fatalf("trial %d: the child woken onto the spinner's CPU ran after %d looks (%v, %d polite yields so far), want at most %d",
+				trial, looks, o, s.politeYields, limit)
+		}
 	}
-	o, err := s.Wait(x, nil, time.Time{})
-	if err != nil {
+	if _, err := wakeW.Write([]byte{0}); err != nil {
 		t.Fatal(err)
 	}
 	if err := child.Wait(20 * time.Second); err != nil {
 		t.Fatalf("child: %v; output:\n%s", err, child.Output())
 	}
-	// Yields come every politeEvery clock looks; the child may need a
-	// few (the kernel may run another thread first).
-	if limit := 16 * politeEvery * SpinCheckEvery; o == WaitedSlept || looks > limit {
-		t.Fatalf("the child woken onto the spinner's CPU ran after %d looks (%v, %d polite yields), want at most %d",
-			looks, o, s.politeYields, limit)
+	if shown == 0 {
+		// The kernel's choice, not ours: nothing to fail on.
+		t.Logf("in %d trials the kernel ran the woken child before the spin every time", trials)
 	}
 }
