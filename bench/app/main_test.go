@@ -116,6 +116,7 @@ func TestRunBadInput(t *testing.T) {
 		{[]string{"-callers", "0"}, "-callers 0"},
 		{[]string{"-calls", "64,x"}, `bad size or count "x"`},
 		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"-spin", "-1us"}, "-spin -1µs"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			err := run(context.Background(), &bytes.Buffer{}, tc.args)
@@ -231,5 +232,36 @@ func TestCPUProfile(t *testing.T) {
 	}
 	if os.Getenv(envProfile) != "" {
 		t.Errorf("%s still set after the run", envProfile)
+	}
+}
+
+// -spin gives sandirect's connections in both processes that adaptive
+// Spin, through the environment the server inherits, and only for the
+// run; without it they have the default Config, whatever the caller's
+// environment says.
+func TestSpin(t *testing.T) {
+	t.Setenv(envSpin, "1ms") // stale: -spin's absence must clear it
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	args := []string{"-rounds", "1", "-slice", "5ms", "-warm", "1ms", "-cases", "unary", "-unary", "64"}
+	if err := run(ctx, &bytes.Buffer{}, args); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := os.LookupEnv(envSpin); ok || sandirectConfig() != nil {
+		t.Fatalf("after a run without -spin: %s=%q, config %+v", envSpin, v, sandirectConfig())
+	}
+	var out bytes.Buffer
+	if err := run(ctx, &out, append(args, "-spin", "300us")); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := parseRows(t, out.Bytes()); len(rows) == 0 {
+		t.Fatal("a run with -spin wrote no records")
+	}
+	if v, ok := os.LookupEnv(envSpin); ok {
+		t.Fatalf("%s=%q still set after the run", envSpin, v)
+	}
+	t.Setenv(envSpin, "300us")
+	if c := sandirectConfig(); c == nil || c.Wait.Spin != 300*time.Microsecond {
+		t.Fatalf("%s=300us: config %+v", envSpin, c)
 	}
 }
