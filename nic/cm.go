@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/gopool"
 	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/quiesce"
 	"github.com/sandirect/sandirect/internal/sys"
@@ -628,7 +629,7 @@ func (d *Device) start(qp *QueuePair) {
 	}
 	d.mu.Unlock()
 	qp.started.Store(true)
-	go qp.readConn()
+	gopool.Go(qp.readConn)
 	if closed {
 		qp.Close()
 		return

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/gopool"
 	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/nic"
@@ -305,7 +306,7 @@ func (c *Conn) Close() error {
 		}
 		c.tearing = true
 		lingerStart()
-		go c.linger()
+		gopool.Go(c.linger)
 	}
 	return nil
 }

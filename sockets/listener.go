@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/gopool"
 	"github.com/sandirect/sandirect/internal/lockrank"
 	"github.com/sandirect/sandirect/nic"
 )
@@ -253,10 +254,10 @@ func (l *Listener) acceptSHM() {
 		// holds up only its own connection, not the listener (it held
 		// every other dialer for HandshakeTimeout).
 		l.wg.Add(1)
-		go func() {
+		gopool.Go(func() {
 			defer l.wg.Done()
 			l.handshake(p)
-		}()
+		})
 	}
 }
 

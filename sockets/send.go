@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/gopool"
 	"github.com/sandirect/sandirect/internal/mem"
 	"github.com/sandirect/sandirect/nic"
 )
@@ -180,14 +181,14 @@ func (c *Conn) ensurePumpLocked() {
 		return
 	}
 	c.pumping = true
-	go func() {
+	gopool.Go(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for len(c.ctlq) > 0 && !c.tearing && c.err == nil && !c.qpDead {
 			c.progressLocked(c.rounds, nil, false, false)
 		}
 		c.pumping = false
-	}()
+	})
 }
 
 // sendHelloLocked sends our hello; it needs no credit (the peer posts its

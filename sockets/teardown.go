@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/sandirect/sandirect/internal/gopool"
 	"github.com/sandirect/sandirect/nic"
 )
 
@@ -150,7 +151,7 @@ func (c *Conn) teardownLocked() {
 		return
 	}
 	c.tearing = true
-	go c.teardown()
+	gopool.Go(c.teardown)
 }
 
 // linger delivers what a closed connection wrote: it sends the queued

@@ -120,7 +120,7 @@ func rank(pkg string) (int, bool) {
 		return 3, true
 	case pkg == "internal/sys":
 		return 1, true // the system calls; off Linux, feature's errors
-	case pkg == "internal/feature", pkg == "internal/quiesce", pkg == "internal/codecheck", pkg == "internal/lockrank":
+	case pkg == "internal/feature", pkg == "internal/quiesce", pkg == "internal/gopool", pkg == "internal/codecheck", pkg == "internal/lockrank":
 		return 0, true // nothing of ours below
 	case strings.HasPrefix(pkg, "internal/"):
 		return 2, true // copies, test helpers: on top of internal/sys

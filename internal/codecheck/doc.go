@@ -3,8 +3,8 @@
 //
 //   - imports point down the layers (tools and bench, then sockets, nic,
 //     pin and stats, shm and internal/bpfmon, the rest of internal, then
-//     internal/sys, and internal/feature, internal/quiesce and
-//     internal/lockrank at the bottom), only internal/sys imports
+//     internal/sys, and internal/feature, internal/quiesce, internal/gopool
+//     and internal/lockrank at the bottom), only internal/sys imports
 //     golang.org/x/sys/unix, and only shm and internal use unsafe
 //     (TestImportsPointDown);
 //   - no function of a library package is over 80 lines

@@ -1,0 +1,146 @@
+package gopool
+
+import (
+	"runtime"
+	"runtime/metrics"
+	"sync"
+	"testing"
+	"time"
+)
+
+// created returns how many goroutines the program has started.
+func created() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// waitFor polls cond, yielding the processor between looks, and fails t
+// when it is still false after ten seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after 10 s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// runAndWait runs f through Go and returns once it has run.
+func runAndWait(f func()) {
+	done := make(chan struct{})
+	Go(func() {
+		f()
+		close(done)
+	})
+	<-done
+}
+
+// TestIdleWorkerTakesTheNextTask: a task given while a worker waits runs
+// on that worker: no goroutine is started for it, and it runs on the
+// goroutine that ran the one before.
+func TestIdleWorkerTakesTheNextTask(t *testing.T) {
+	runtime.GC() // the collector's own goroutines, started before counting
+	before := Idle()
+	var first, second []byte
+	runAndWait(func() { first = stackTop() })
+	waitFor(t, "idle", func() bool { return Idle() > before })
+	n := created()
+	runAndWait(func() { second = stackTop() })
+	if got := created() - n; got != 0 {
+		t.Errorf("%d goroutines started for a task an idle worker could take", got)
+	}
+	if before == 0 && string(first) != string(second) { // one worker waited
+		t.Errorf("the second task ran on %q, the first on %q", second, first)
+	}
+}
+
+// stackTop returns the first line of the calling goroutine's stack: its
+// id.
+func stackTop() []byte {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	for i, c := range buf {
+		if c == '[' {
+			return buf[:i]
+		}
+	}
+	return buf
+}
+
+// TestTasksRunConcurrently: Go does not wait for a worker: tasks that
+// block one another's progress all run at once.
+func TestTasksRunConcurrently(t *testing.T) {
+	const n = 20
+	var started sync.WaitGroup
+	started.Add(n)
+	release := make(chan struct{})
+	var done sync.WaitGroup
+	done.Add(n)
+	for range n {
+		Go(func() {
+			started.Done()
+			<-release
+			done.Done()
+		})
+	}
+	started.Wait() // every task running at once, none waiting for another
+	close(release)
+	done.Wait()
+}
+
+// TestIdleWorkersBounded: after more tasks than maxIdle ran at once, at
+// most maxIdle workers wait; the rest exit at once, not after linger.
+func TestIdleWorkersBounded(t *testing.T) {
+	old := linger.Swap(int64(time.Hour))
+	const n = maxIdle + 16
+	running := runBlocked(n)
+	waitFor(t, "down to the idle bound", func() bool {
+		return runtime.NumGoroutine() <= running-(n-maxIdle)
+	})
+	if got := Idle(); got > maxIdle {
+		t.Errorf("%d idle workers, want at most %d", got, maxIdle)
+	}
+	// The workers left wait an hour: give each a task, after which it
+	// waits the usual linger.
+	linger.Store(old)
+	runBlocked(maxIdle)
+}
+
+// runBlocked runs n tasks through Go that each wait until all of them
+// run, and returns the count of goroutines while they all ran.
+func runBlocked(n int) (running int) {
+	release := make(chan struct{})
+	var started, done sync.WaitGroup
+	started.Add(n)
+	done.Add(n)
+	for range n {
+		Go(func() {
+			started.Done()
+			<-release
+			done.Done()
+		})
+	}
+	started.Wait()
+	running = runtime.NumGoroutine()
+	close(release)
+	done.Wait()
+	return running
+}
+
+// TestIdleWorkersExit: a worker that no task reaches within linger exits.
+func TestIdleWorkersExit(t *testing.T) {
+	old := linger.Swap(int64(time.Millisecond))
+	defer linger.Store(old)
+	// Workers from the tests before wait out their own linger; start one
+	// that waits the short one.
+	runAndWait(func() {})
+	waitFor(t, "all workers gone", func() bool { return Idle() == 0 })
+	n := created()
+	runAndWait(func() {})
+	if created() == n {
+		t.Error("a task ran on a worker that should have exited")
+	}
+}
