@@ -12,7 +12,8 @@
 //
 // At most maxIdle workers wait at a time, each for at most a second;
 // then they exit. A task runs as it would with go: a panic in it ends
-// the program.
+// the program. In a goroutine dump a task shows under gopool.worker, and
+// "created by" names whichever task first started its worker.
 package gopool
 
 import (
