@@ -43,18 +43,28 @@ func runAndWait(f func()) {
 // goroutine that ran the one before.
 func TestIdleWorkerTakesTheNextTask(t *testing.T) {
 	runtime.GC() // the collector's own goroutines, started before counting
-	before := Idle()
+	drain(t)
 	var first, second []byte
 	runAndWait(func() { first = stackTop() })
-	waitFor(t, "idle", func() bool { return Idle() > before })
+	waitFor(t, "idle", func() bool { return Idle() == 1 })
 	n := created()
 	runAndWait(func() { second = stackTop() })
 	if got := created() - n; got != 0 {
 		t.Errorf("%d goroutines started for a task an idle worker could take", got)
 	}
-	if before == 0 && string(first) != string(second) { // one worker waited
+	if string(first) != string(second) {
 		t.Errorf("the second task ran on %q, the first on %q", second, first)
 	}
+}
+
+// drain makes the workers that wait, from the tests before, exit: each
+// takes a task that ends once all have one, then waits a millisecond.
+func drain(t *testing.T) {
+	t.Helper()
+	old := linger.Swap(int64(time.Millisecond))
+	defer linger.Store(old)
+	runBlocked(Idle() + 1)
+	waitFor(t, "drained", func() bool { return Idle() == 0 })
 }
 
 // stackTop returns the first line of the calling goroutine's stack: its
@@ -132,12 +142,11 @@ func runBlocked(n int) (running int) {
 
 // TestIdleWorkersExit: a worker that no task reaches within linger exits.
 func TestIdleWorkersExit(t *testing.T) {
+	drain(t)
 	old := linger.Swap(int64(time.Millisecond))
 	defer linger.Store(old)
-	// Workers from the tests before wait out their own linger; start one
-	// that waits the short one.
 	runAndWait(func() {})
-	waitFor(t, "all workers gone", func() bool { return Idle() == 0 })
+	waitFor(t, "the worker gone", func() bool { return Idle() == 0 })
 	n := created()
 	runAndWait(func() {})
 	if created() == n {
