@@ -104,6 +104,7 @@ func TestTasksRunConcurrently(t *testing.T) {
 // TestIdleWorkersBounded: after more tasks than maxIdle ran at once, at
 // most maxIdle workers wait; the rest exit at once, not after linger.
 func TestIdleWorkersBounded(t *testing.T) {
+	runtime.GC() // the collector's own goroutines, started before counting
 	old := linger.Swap(int64(time.Hour))
 	const n = maxIdle + 16
 	running := runBlocked(n)
