@@ -3,6 +3,7 @@ package gopool
 import (
 	"runtime"
 	"runtime/metrics"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -46,7 +47,9 @@ func TestIdleWorkerTakesTheNextTask(t *testing.T) {
 	drain(t)
 	var first, second []byte
 	runAndWait(func() { first = stackTop() })
-	waitFor(t, "idle", func() bool { return Idle() == 1 })
+	// The worker counts itself idle just before it waits on work: wait
+	// for the wait itself.
+	waitFor(t, "waiting for work", func() bool { return waitingWorkers() == 1 })
 	n := created()
 	runAndWait(func() { second = stackTop() })
 	if got := created() - n; got != 0 {
@@ -58,13 +61,36 @@ func TestIdleWorkerTakesTheNextTask(t *testing.T) {
 }
 
 // drain makes the workers that wait, from the tests before, exit: each
-// takes a task that ends once all have one, then waits a millisecond.
+// takes a task that ends once all have one, then waits a millisecond. A
+// worker that was about to wait, still holding the timer of an earlier
+// linger, takes one in the next round.
 func drain(t *testing.T) {
 	t.Helper()
 	old := linger.Swap(int64(time.Millisecond))
 	defer linger.Store(old)
-	runBlocked(Idle() + 1)
-	waitFor(t, "drained", func() bool { return Idle() == 0 })
+	deadline := time.Now().Add(10 * time.Second)
+	for Idle() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d workers still waiting after 10 s", Idle())
+		}
+		runBlocked(Idle() + 1)
+		for end := time.Now().Add(50 * time.Millisecond); Idle() != 0 && time.Now().Before(end); {
+			runtime.Gosched()
+		}
+	}
+}
+
+// waitingWorkers counts the workers blocked waiting for a task, from a
+// dump of every goroutine's stack.
+func waitingWorkers() int {
+	buf := make([]byte, 1<<20)
+	n := 0
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "[select") && strings.Contains(g, "gopool.worker(") {
+			n++
+		}
+	}
+	return n
 }
 
 // stackTop returns the first line of the calling goroutine's stack: its
@@ -81,24 +107,15 @@ func stackTop() []byte {
 }
 
 // TestTasksRunConcurrently: Go does not wait for a worker: tasks that
-// block one another's progress all run at once.
+// each wait until all of them run do all run.
 func TestTasksRunConcurrently(t *testing.T) {
-	const n = 20
-	var started sync.WaitGroup
-	started.Add(n)
-	release := make(chan struct{})
-	var done sync.WaitGroup
-	done.Add(n)
-	for range n {
-		Go(func() {
-			started.Done()
-			<-release
-			done.Done()
-		})
+	ran := make(chan int, 1)
+	go func() { ran <- runBlocked(20) }()
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("20 tasks given to Go did not all run at once within 10 s")
 	}
-	started.Wait() // every task running at once, none waiting for another
-	close(release)
-	done.Wait()
 }
 
 // TestIdleWorkersBounded: after more tasks than maxIdle ran at once, at
@@ -114,10 +131,9 @@ func TestIdleWorkersBounded(t *testing.T) {
 	if got := Idle(); got > maxIdle {
 		t.Errorf("%d idle workers, want at most %d", got, maxIdle)
 	}
-	// The workers left wait an hour: give each a task, after which it
-	// waits the usual linger.
+	// The workers left wait an hour: let them go.
 	linger.Store(old)
-	runBlocked(maxIdle)
+	drain(t)
 }
 
 // runBlocked runs n tasks through Go that each wait until all of them
