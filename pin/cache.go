@@ -26,6 +26,10 @@ type Cache struct {
 	// named in the Config, after the background start for MonitorAuto
 	// (startAuto). mon, epoch and report change until then, under mu.
 	monReady chan struct{}
+	// autoWaits: MonitorAuto's start waits for the first registration of
+	// foreign memory, or a call to Monitor (beginAutoLocked). Guarded by
+	// mu.
+	autoWaits bool
 
 	// mu guards every field below and every entry's fields (but invalid).
 	// Lock order: mu (lockrank.PinCache), then owned.mu (read). Hooks run under mu. No goroutine
@@ -85,6 +89,9 @@ func New(cfg *Config) (*Cache, error) {
 // ones do not. With MonitorAuto it waits for the monitor's background
 // start to finish (see startAuto); CurrentMonitor does not.
 func (c *Cache) Monitor() MonitorReport {
+	c.mu.Lock()
+	c.beginAutoLocked()
+	c.mu.Unlock()
 	<-c.monReady
 	return c.CurrentMonitor()
 }
@@ -689,6 +696,11 @@ func (c *Cache) Close() error {
 		return nil
 	}
 	c.closed = true
+	if c.autoWaits {
+		// Never started: nothing to wait for, park or close.
+		c.autoWaits = false
+		close(c.monReady)
+	}
 	c.flushLocked(nil)
 	c.ctr.fullFlushes.Add(1)
 	// Entries still in use are released after the monitor is gone: their

@@ -48,6 +48,14 @@ func TestIdleMonitorAdopted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A registration of foreign memory starts the load (startAuto).
+	at, b := mapAnon(t, 1)
+	h, err := c0.Register(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0.Deregister(h)
+	munmap(t, at, 1)
 	if err := c0.Close(); err != nil { // most likely during the load
 		t.Fatal(err)
 	}

@@ -55,8 +55,10 @@ func (k MonitorKind) String() string {
 type MonitorReport struct {
 	Kind    MonitorKind   // the monitor that runs (never MonitorAuto)
 	Skipped []MonitorSkip // the better ones, in order, with the reason
-	// Starting says that MonitorAuto's choice is still starting in the
-	// background; meanwhile Kind is MonitorOwned (see Cache.CurrentMonitor).
+	// Starting says that MonitorAuto's choice is not made yet: it starts
+	// with the cache's first registration of foreign memory, or a call to
+	// Cache.Monitor, and runs in the background; meanwhile Kind is
+	// MonitorOwned (see Cache.CurrentMonitor).
 	Starting bool
 	// Attach says how the eBPF monitor's probes are attached: "tracepoint"
 	// (syscalls/sys_enter_munmap and its siblings: nothing runs for the
@@ -80,7 +82,7 @@ func (r MonitorReport) String() string {
 		fmt.Fprintf(&b, " (%s)", r.Attach)
 	}
 	if r.Starting {
-		b.WriteString(" (the best monitor still starting)")
+		b.WriteString(" (the best monitor not running yet)")
 	}
 	for _, s := range r.Skipped {
 		fmt.Fprintf(&b, "; %s: %v", s.Kind, s.Err)
@@ -178,15 +180,31 @@ var testHookNiceLoad atomic.Pointer[func(tid int)]
 // program's life.
 const loadNiceFor = 10 * time.Millisecond
 
-// startAuto starts MonitorAuto's choice in the background: loading and
-// attaching the eBPF probes takes tens of milliseconds, which a first
-// connection should not wait for. Until the monitor is adopted the cache
-// runs as MonitorOwned: memory from Alloc is cached, foreign memory is
-// registered uncached, so no stale hit is possible in the window.
+// startAuto prepares MonitorAuto's choice, which starts with the cache's
+// first registration of foreign memory (or a call to Monitor) and runs in
+// the background (beginAutoLocked): loading and attaching the eBPF probes
+// takes tens of milliseconds, which a first connection should not wait
+// for, and a program whose registrations are all of memory from Alloc —
+// a connection's control buffers, staging and copies, all that small
+// and medium messages use — never needs it, and never puts the host's
+// system calls on the traced path (docs/setup.md, "The monitor when it
+// is needed"). Until the monitor is adopted the cache runs as
+// MonitorOwned: memory from Alloc is cached, foreign memory is registered
+// uncached, so no stale hit is possible in the window.
 func (c *Cache) startAuto() {
 	c.mon = static{MonitorOwned}
 	c.epoch = c.mon.epoch()
 	c.report = MonitorReport{Kind: MonitorOwned, Starting: true}
+	c.autoWaits = true
+}
+
+// beginAutoLocked starts MonitorAuto's background load if it waits for
+// its start. The caller holds mu.
+func (c *Cache) beginAutoLocked() {
+	if !c.autoWaits {
+		return
+	}
+	c.autoWaits = false
 	go func() {
 		// The load starts at the lowest priority, so that its verifier
 		// work yields the CPU to the dial that started it and to the peer

@@ -67,6 +67,50 @@ func remapRegister(t *testing.T, c *Cache, at uintptr, old uint64, stale *atomic
 	return b, true
 }
 
+// TestAutoStartsAtForeignMemory: MonitorAuto's monitor does not start
+// while the cache registers only memory of Alloc; the first registration
+// of foreign memory starts it, in the background.
+func TestAutoStartsAtForeignMemory(t *testing.T) {
+	closeIdle(t) // a fresh start, not an idle monitor's adoption
+	c := newCache(t, nil)
+	waits := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.autoWaits
+	}
+	owned, err := Alloc(4 * int(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Free(owned)
+	for range 3 {
+		h, err := c.Register(owned, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Deregister(h)
+	}
+	if !waits() || c.monitorReady() {
+		t.Fatalf("the monitor started for registrations of Alloc's memory alone (%v)", c.CurrentMonitor())
+	}
+	if rep := c.CurrentMonitor(); rep.Kind != MonitorOwned || !rep.Starting {
+		t.Fatalf("before the monitor starts: %v, want %v starting", rep, MonitorOwned)
+	}
+	addr, foreign := mapAnon(t, 1)
+	defer munmap(t, addr, 1)
+	h, err := c.Register(foreign, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Deregister(h)
+	if waits() {
+		t.Fatal("a registration of foreign memory did not start the monitor")
+	}
+	if rep := c.Monitor(); rep.Starting {
+		t.Fatalf("Monitor() = %v: still starting", rep)
+	}
+}
+
 // TestStaleHitAutoWindow runs registrations of foreign memory from the
 // moment New returns, while MonitorAuto's monitor starts in the
 // background, and on after it is adopted. Before it is adopted foreign

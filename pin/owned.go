@@ -121,6 +121,7 @@ func (c *Cache) cacheableLocked(s span) bool {
 	if isOwned(s) {
 		return true
 	}
+	c.beginAutoLocked()
 	return c.mon.watch(s) == nil
 }
 
