@@ -185,8 +185,8 @@ const loadNiceFor = 10 * time.Millisecond
 // the background (beginAutoLocked): loading and attaching the eBPF probes
 // takes tens of milliseconds, which a first connection should not wait
 // for, and a program whose registrations are all of memory from Alloc —
-// a connection's control buffers, staging and copies, all that small
-// and medium messages use — never needs it, and never puts the host's
+// a connection's control buffers, staging and copies, all that its
+// small messages use — never needs it, and never puts the host's
 // system calls on the traced path (docs/setup.md, "The monitor when it
 // is needed"). Until the monitor is adopted the cache runs as
 // MonitorOwned: memory from Alloc is cached, foreign memory is registered
@@ -207,7 +207,7 @@ func (c *Cache) beginAutoLocked() {
 	c.autoWaits = false
 	go func() {
 		// The load starts at the lowest priority, so that its verifier
-		// work yields the CPU to the dial that started it and to the peer
+		// work yields the CPU to the connection that started it and to the peer
 		// that answers, for loadNiceFor at most: where other threads keep
 		// the CPUs busy (busy polling) it would not run at all, and
 		// foreign memory would stay uncached (docs/setup.md). Without the
