@@ -155,9 +155,10 @@ func (c *Conn) Stats() Counters { return c.stats.snapshot() }
 // when application memory changes, and why the better ones do not run
 // (pin.MonitorReport): without one, memory the peer reads in place is
 // registered anew for every transfer. The eBPF monitor loads in the
-// background when a process opens its first connection; Monitor waits for
-// that to finish. (A device without a registration cache would report
-// MonitorNone.)
+// background once a connection first registers application memory (a
+// transfer read from or into it in place; small messages never do), or
+// when Monitor is called; Monitor waits for the load to finish. (A device
+// without a registration cache would report MonitorNone.)
 func (c *Conn) Monitor() pin.MonitorReport {
 	if pc := c.dev.nic.Cache(); pc != nil {
 		return pc.Monitor()
